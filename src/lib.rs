@@ -1,0 +1,46 @@
+//! # ferroquant
+//!
+//! Fast, bit-exact quantization kernels over plain slices.
+//!
+//! The crate ports five small reference quantization kernels (see the
+//! project's `SPEC.md`) and makes them fast with runtime-dispatched SIMD
+//! ([`simd`]) and a private rayon pool ([`parallel`]). Every kernel has a
+//! scalar path that is the executable specification; the SIMD paths reproduce
+//! it bit for bit, and results never depend on the thread count.
+//!
+//! Layout:
+//! - [`ops`]: the safe public kernel API. Validates once, fuses the
+//!   non-finite check into the first pass, picks the ISA, splits the work.
+//! - [`simd`]: the only home of `unsafe` and `#[target_feature]`.
+//! - [`element`]: the [`Float`] trait that lets kernels read `f32`, `f64`,
+//!   `f16` and `bf16` input in place.
+//! - [`error`]: the one error enum, [`QuantError`].
+//! - `bindings` (feature `python`): the PyO3 glue, the only module that names
+//!   `pyo3` or `numpy`.
+//!
+//! ```
+//! use ferroquant::ops::blockwise::{quantize_blockwise, dequantize_blockwise, ScalesMut, Scales};
+//! use half::f16;
+//!
+//! let x: Vec<f32> = (0..100).map(|i| i as f32 * 0.25 - 12.0).collect();
+//! let mut codes = vec![0i8; x.len()];
+//! let mut scales = vec![f16::ZERO; x.len().div_ceil(64)];
+//! let report = quantize_blockwise(&x, 64, &mut codes, ScalesMut::F16(&mut scales)).unwrap();
+//! assert_eq!(report.lossy_blocks, 0);
+//! let mut y = vec![0f32; x.len()];
+//! dequantize_blockwise(&codes, 64, Scales::F16(&scales), &mut y).unwrap();
+//! assert!((y[0] - x[0]).abs() < 0.1);
+//! ```
+
+pub mod element;
+pub mod error;
+pub mod ops;
+pub mod parallel;
+pub mod round;
+pub mod simd;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+pub use element::Float;
+pub use error::{QuantError, Result};

@@ -1,0 +1,514 @@
+//! Blockwise 8-bit quantization with per-block scales — SPEC §1, ported from
+//! seed 000 (kwaai-compression 0.3.5, `BlockwiseQuantizer::compress` /
+//! `decompress`).
+//!
+//! Per block of the flattened input (the last may be short): `max_abs` in f32;
+//! `scale = max_abs / 127` if `max_abs > 0` else 1.0; codes
+//! `clamp(round(v / scale), -127, 127)` computed with the **f32** scale (0 if
+//! that scale underflowed to 0); the stored scale is `f16(scale)` (or the f32
+//! scale itself); dequantization multiplies by the stored scale.
+//!
+//! Deviations (SPEC): non-finite input is an error (2); an f16 scale that
+//! overflows is an error instead of a silent inf (6).
+
+use crate::element::Float;
+use crate::error::{QuantError, Result};
+use crate::parallel;
+use crate::simd::{self, Isa, F32_INF_BITS};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+/// Elements converted to f32 at a time when the input is not f32 (64 KiB).
+const STAGE: usize = 16 * 1024;
+
+/// Mutable destination for per-block scales.
+#[derive(Debug)]
+pub enum ScalesMut<'a> {
+    /// float16 scales (the seed's format).
+    F16(&'a mut [f16]),
+    /// float32 scales (exact; no overflow, no precision loss).
+    F32(&'a mut [f32]),
+}
+
+/// Per-block scales to dequantize with.
+#[derive(Debug, Clone, Copy)]
+pub enum Scales<'a> {
+    /// float16 scales.
+    F16(&'a [f16]),
+    /// float32 scales.
+    F32(&'a [f32]),
+}
+
+impl Scales<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Scales::F16(s) => s.len(),
+            Scales::F32(s) => s.len(),
+        }
+    }
+}
+
+impl ScalesMut<'_> {
+    fn len(&self) -> usize {
+        match self {
+            ScalesMut::F16(s) => s.len(),
+            ScalesMut::F32(s) => s.len(),
+        }
+    }
+}
+
+/// What a successful quantization noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BlockwiseReport {
+    /// Blocks with `max_abs > 0` whose f16 scale is subnormal or zero: their
+    /// stored scale lost precision (always 0 with f32 scales).
+    pub lossy_blocks: usize,
+}
+
+/// Number of blocks for `n` elements: `ceil(n / block_size)`.
+pub fn num_blocks(n: usize, block_size: usize) -> usize {
+    n.div_ceil(block_size.max(1))
+}
+
+fn check_block_size(block_size: usize) -> Result<()> {
+    if block_size == 0 {
+        return Err(QuantError::invalid(
+            "block_size",
+            "expected an integer >= 1, got 0",
+        ));
+    }
+    Ok(())
+}
+
+/// Quantize `x` blockwise into `codes` (len n) and `scales` (len ceil(n/block_size)).
+///
+/// Errors: `InvalidConfig` for `block_size == 0`; `ShapeMismatch` for wrong
+/// output lengths; `NonFinite` naming the first NaN/inf; `ScaleOverflow` when
+/// an f16 scale would be infinite (non-finite input takes precedence).
+pub fn quantize_blockwise<T: Float>(
+    x: &[T],
+    block_size: usize,
+    codes: &mut [i8],
+    scales: ScalesMut<'_>,
+) -> Result<BlockwiseReport> {
+    quantize_blockwise_with(Isa::detected(), x, block_size, codes, scales)
+}
+
+/// [`quantize_blockwise`] on a chosen ISA (downgraded if the CPU lacks it).
+pub fn quantize_blockwise_with<T: Float>(
+    isa: Isa,
+    x: &[T],
+    block_size: usize,
+    codes: &mut [i8],
+    scales: ScalesMut<'_>,
+) -> Result<BlockwiseReport> {
+    check_block_size(block_size)?;
+    let n = x.len();
+    let nb = num_blocks(n, block_size);
+    if codes.len() != n {
+        return Err(QuantError::len_mismatch("codes", n, codes.len()));
+    }
+    if scales.len() != nb {
+        return Err(QuantError::len_mismatch("scales", nb, scales.len()));
+    }
+    let outcome = parallel::run(n, |par| match scales {
+        ScalesMut::F16(s) => split_quantize(isa, x, block_size, codes, s, par),
+        ScalesMut::F32(s) => split_quantize(isa, x, block_size, codes, s, par),
+    });
+    outcome.into_result()
+}
+
+/// How one task (a run of whole blocks) ended. Tasks never stop at a scale
+/// overflow, only at a non-finite value, so the combined outcome is the same
+/// whatever the split: the first non-finite index if any, else the first
+/// overflowing block.
+#[derive(Debug, Clone, Copy, Default)]
+struct Outcome {
+    non_finite: Option<usize>,
+    overflow: Option<(usize, f32)>,
+    lossy: usize,
+}
+
+impl Outcome {
+    fn merge(self, later: Outcome) -> Outcome {
+        Outcome {
+            non_finite: self.non_finite.or(later.non_finite),
+            overflow: self.overflow.or(later.overflow),
+            lossy: self.lossy + later.lossy,
+        }
+    }
+
+    fn into_result(self) -> Result<BlockwiseReport> {
+        if let Some(index) = self.non_finite {
+            return Err(QuantError::NonFinite { arg: "x", index });
+        }
+        if let Some((block, scale)) = self.overflow {
+            return Err(QuantError::ScaleOverflow { block, scale });
+        }
+        Ok(BlockwiseReport {
+            lossy_blocks: self.lossy,
+        })
+    }
+}
+
+/// A stored scale type: converts the f32 scales and notes overflow / precision loss.
+trait ScaleStore: Copy + Send + Sync {
+    /// Store `src` into `dst`; `first_block` is `src[0]`'s global block index.
+    fn store(src: &[f32], dst: &mut [Self], first_block: usize, out: &mut Outcome);
+    /// The scales as f32, for dequantization.
+    fn load(src: &[Self], dst: &mut [f32]);
+}
+
+impl ScaleStore for f32 {
+    fn store(src: &[f32], dst: &mut [f32], _: usize, _: &mut Outcome) {
+        dst.copy_from_slice(src);
+    }
+    fn load(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl ScaleStore for f16 {
+    fn store(src: &[f32], dst: &mut [f16], first_block: usize, out: &mut Outcome) {
+        dst.convert_from_f32_slice(src);
+        for (i, h) in dst.iter().enumerate() {
+            if h.is_infinite() {
+                out.overflow = out.overflow.or(Some((first_block + i, src[i])));
+            } else if !h.is_normal() {
+                // The scale is 1.0 for an all-zero block, so a subnormal or
+                // zero f16 scale always means max_abs > 0 lost precision.
+                out.lossy += 1;
+            }
+        }
+    }
+    fn load(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+fn split_quantize<T: Float, S: ScaleStore>(
+    isa: Isa,
+    x: &[T],
+    bs: usize,
+    codes: &mut [i8],
+    scales: &mut [S],
+    par: bool,
+) -> Outcome {
+    if !par {
+        return quantize_task(isa, x, bs, codes, scales, 0);
+    }
+    let per_task = parallel::units_per_task(scales.len(), bs);
+    x.par_chunks(per_task * bs)
+        .zip(codes.par_chunks_mut(per_task * bs))
+        .zip(scales.par_chunks_mut(per_task))
+        .enumerate()
+        .map(|(t, ((xt, ct), st))| quantize_task(isa, xt, bs, ct, st, t * per_task))
+        .reduce(Outcome::default, Outcome::merge)
+}
+
+/// Quantize a run of whole blocks starting at global block `first_block`.
+fn quantize_task<T: Float, S: ScaleStore>(
+    isa: Isa,
+    x: &[T],
+    bs: usize,
+    codes: &mut [i8],
+    scales: &mut [S],
+    first_block: usize,
+) -> Outcome {
+    let mut out = Outcome::default();
+    // Blocks are handled in groups whose f32 scales fit a small buffer.
+    let group = (STAGE / bs).clamp(1, 1024);
+    let mut tmp = [0f32; 1024];
+    let mut stage = if T::as_f32_slice(x).is_some() {
+        Vec::new()
+    } else {
+        vec![0f32; STAGE.min(group * bs).min(x.len())]
+    };
+    let groups = x
+        .chunks(group * bs)
+        .zip(codes.chunks_mut(group * bs))
+        .zip(scales.chunks_mut(group));
+    for (g, ((xg, cg), sg)) in groups.enumerate() {
+        let tmp = &mut tmp[..sg.len()];
+        let done = quantize_group(isa, xg, bs, cg, tmp, &mut stage);
+        let base_elem = (first_block + g * group) * bs;
+        if let Err(i) = done {
+            out.non_finite = Some(base_elem + i);
+            return out;
+        }
+        S::store(tmp, sg, first_block + g * group, &mut out);
+    }
+    out
+}
+
+/// Quantize one group of blocks to codes and f32 scales; `Err(i)` is the
+/// group-relative index of the first non-finite value.
+fn quantize_group<T: Float>(
+    isa: Isa,
+    x: &[T],
+    bs: usize,
+    codes: &mut [i8],
+    scales: &mut [f32],
+    stage: &mut [f32],
+) -> std::result::Result<(), usize> {
+    if let Some(xf) = T::as_f32_slice(x) {
+        return simd::blockwise_quantize_f32(isa, xf, bs, codes, scales);
+    }
+    if x.len() <= stage.len() {
+        // The whole group fits the stage: convert once, run the f32 kernel.
+        let st = &mut stage[..x.len()];
+        T::convert_to_f32(x, st);
+        return simd::blockwise_quantize_f32(isa, st, bs, codes, scales);
+    }
+    // One block larger than the stage: two passes over it, converting a
+    // stage-full at a time, so no block is ever up-cast whole.
+    debug_assert_eq!(scales.len(), 1);
+    let mut max_bits = 0u32;
+    let step = stage.len();
+    for (k, xs) in x.chunks(step).enumerate() {
+        let st = &mut stage[..xs.len()];
+        T::convert_to_f32(xs, st);
+        let m = simd::absmax_bits(isa, st);
+        if m >= F32_INF_BITS {
+            return Err(k * step + simd::scalar::first_non_finite(st));
+        }
+        max_bits = max_bits.max(m);
+    }
+    let scale = simd::scalar::block_scale(f32::from_bits(max_bits));
+    scales[0] = scale;
+    if scale > 0.0 {
+        for (xs, cs) in x.chunks(step).zip(codes.chunks_mut(step)) {
+            let st = &mut stage[..xs.len()];
+            T::convert_to_f32(xs, st);
+            simd::quantize_scaled(isa, st, scale, cs);
+        }
+    } else {
+        codes.fill(0);
+    }
+    Ok(())
+}
+
+/// Dequantize blockwise codes: `out[i] = codes[i] as f32 * f32(scales[i / block_size])`.
+///
+/// Errors: `InvalidConfig` for `block_size == 0`; `ShapeMismatch` when
+/// `scales` or `out` do not match `codes`.
+pub fn dequantize_blockwise(
+    codes: &[i8],
+    block_size: usize,
+    scales: Scales<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    dequantize_blockwise_with(Isa::detected(), codes, block_size, scales, out)
+}
+
+/// [`dequantize_blockwise`] on a chosen ISA (downgraded if the CPU lacks it).
+pub fn dequantize_blockwise_with(
+    isa: Isa,
+    codes: &[i8],
+    block_size: usize,
+    scales: Scales<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    check_block_size(block_size)?;
+    let n = codes.len();
+    let nb = num_blocks(n, block_size);
+    if scales.len() != nb {
+        return Err(QuantError::len_mismatch("scales", nb, scales.len()));
+    }
+    if out.len() != n {
+        return Err(QuantError::len_mismatch("out", n, out.len()));
+    }
+    parallel::run(n, |par| match scales {
+        Scales::F16(s) => split_dequantize(isa, codes, block_size, s, out, par),
+        Scales::F32(s) => split_dequantize(isa, codes, block_size, s, out, par),
+    });
+    Ok(())
+}
+
+fn split_dequantize<S: ScaleStore>(
+    isa: Isa,
+    codes: &[i8],
+    bs: usize,
+    scales: &[S],
+    out: &mut [f32],
+    par: bool,
+) {
+    if !par {
+        return dequantize_task(isa, codes, bs, scales, out);
+    }
+    let per_task = parallel::units_per_task(scales.len(), bs);
+    codes
+        .par_chunks(per_task * bs)
+        .zip(scales.par_chunks(per_task))
+        .zip(out.par_chunks_mut(per_task * bs))
+        .for_each(|((c, s), o)| dequantize_task(isa, c, bs, s, o));
+}
+
+fn dequantize_task<S: ScaleStore>(isa: Isa, codes: &[i8], bs: usize, scales: &[S], out: &mut [f32]) {
+    let group = (STAGE / bs).clamp(1, 1024);
+    let mut tmp = [0f32; 1024];
+    let groups = codes
+        .chunks(group * bs)
+        .zip(scales.chunks(group))
+        .zip(out.chunks_mut(group * bs));
+    for ((cg, sg), og) in groups {
+        let tmp = &mut tmp[..sg.len()];
+        S::load(sg, tmp);
+        simd::blockwise_dequantize(isa, cg, bs, tmp, og);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    fn q16(x: &[f32], bs: usize) -> Result<(Vec<i8>, Vec<f16>, BlockwiseReport)> {
+        let mut c = vec![0i8; x.len()];
+        let mut s = vec![f16::ZERO; num_blocks(x.len(), bs)];
+        let r = quantize_blockwise(x, bs, &mut c, ScalesMut::F16(&mut s))?;
+        Ok((c, s, r))
+    }
+
+    #[test]
+    fn seed_roundtrip_test() {
+        // Seed 000's own test: 0.0, 0.1, ... 25.5 in blocks of 64, error < 0.5.
+        let x: Vec<f32> = (0..256).map(|i| i as f32 * 0.1).collect();
+        let (c, s, _) = q16(&x, 64).unwrap();
+        let mut y = vec![0f32; x.len()];
+        dequantize_blockwise(&c, 64, Scales::F16(&s), &mut y).unwrap();
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() < 0.5);
+        }
+        let ratio = (4 * x.len()) as f32 / (x.len() + 2 * s.len()) as f32;
+        assert!(ratio > 3.0);
+    }
+
+    #[test]
+    fn codes_follow_the_seed_formula() {
+        // Block 0: max 254 -> scale exactly 2; block 1: max 127 -> scale 1.
+        let x = [1.0f32, -3.0, 5.0, 254.0, 0.0, -127.0, 63.5];
+        let (c, s, r) = q16(&x, 4).unwrap();
+        assert_eq!(s, vec![f16::from_f32(2.0), f16::ONE]);
+        // 0.5 -> 1, -1.5 -> -2, 2.5 -> 3: ties round away from zero.
+        assert_eq!(&c[..4], &[1, -2, 3, 127]);
+        assert_eq!(&c[4..], &[0, -127, 64]);
+        assert_eq!(r.lossy_blocks, 0);
+    }
+
+    #[test]
+    fn all_zero_block_has_scale_one() {
+        let (c, s, _) = q16(&[0.0; 5], 5).unwrap();
+        assert_eq!(c, vec![0; 5]);
+        assert_eq!(s, vec![f16::ONE]);
+    }
+
+    #[test]
+    fn underflowed_scale_gives_zero_codes_and_counts_as_lossy() {
+        let tiny = f32::from_bits(1); // 1.4e-45: tiny / 127 == 0 in f32
+        let (c, s, r) = q16(&[tiny, -tiny, 0.0], 3).unwrap();
+        assert_eq!(c, vec![0, 0, 0]);
+        assert_eq!(s[0], f16::ZERO);
+        assert_eq!(r.lossy_blocks, 1);
+    }
+
+    #[test]
+    fn small_scales_are_reported_lossy() {
+        let x = [1e-3f32, 1.0, 5e-4, 2.0];
+        let (_, _, r) = q16(&x, 1).unwrap();
+        assert_eq!(r.lossy_blocks, 2);
+    }
+
+    #[test]
+    fn f16_overflow_is_an_error_and_f32_scales_are_fine() {
+        let x = [1.0f32, 9e6, 2.0];
+        match q16(&x, 1) {
+            Err(QuantError::ScaleOverflow { block, .. }) => assert_eq!(block, 1),
+            other => panic!("expected overflow, got {other:?}"),
+        }
+        let mut c = vec![0i8; 3];
+        let mut s = vec![0f32; 3];
+        quantize_blockwise(&x, 1, &mut c, ScalesMut::F32(&mut s)).unwrap();
+        assert_eq!(s[1], 9e6f32 / 127.0);
+    }
+
+    #[test]
+    fn non_finite_reports_first_index_and_wins_over_overflow() {
+        let mut x = vec![1.0f32; 300];
+        x[10] = 1e7;
+        x[200] = f32::NAN;
+        x[250] = f32::INFINITY;
+        match q16(&x, 64) {
+            Err(QuantError::NonFinite { arg, index }) => {
+                assert_eq!(arg, "x");
+                assert_eq!(index, 200);
+            }
+            other => panic!("expected NonFinite, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn f64_out_of_f32_range_is_non_finite() {
+        let x = [0.0f64, 1e39];
+        let mut c = vec![0i8; 2];
+        let mut s = vec![0f32; 1];
+        let e = quantize_blockwise(&x, 8, &mut c, ScalesMut::F32(&mut s)).unwrap_err();
+        assert_eq!(e, QuantError::NonFinite { arg: "x", index: 1 });
+    }
+
+    #[test]
+    fn other_dtypes_match_f32_of_the_converted_values() {
+        let xf: Vec<f32> = (0..5000).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37).collect();
+        let (c_ref, s_ref, _) = q16(&xf, 48).unwrap();
+        let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
+        let xb_f: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+        let (c_b_ref, s_b_ref, _) = q16(&xb_f, 48).unwrap();
+        let mut c = vec![0i8; xb.len()];
+        let mut s = vec![f16::ZERO; s_ref.len()];
+        quantize_blockwise(&xb, 48, &mut c, ScalesMut::F16(&mut s)).unwrap();
+        assert_eq!((c, s), (c_b_ref, s_b_ref));
+        let xd: Vec<f64> = xf.iter().map(|&v| v as f64).collect();
+        let mut c = vec![0i8; xd.len()];
+        let mut s = vec![f16::ZERO; s_ref.len()];
+        quantize_blockwise(&xd, 48, &mut c, ScalesMut::F16(&mut s)).unwrap();
+        assert_eq!((c, s), (c_ref, s_ref));
+    }
+
+    #[test]
+    fn huge_blocks_of_non_f32_input_use_the_two_pass_path() {
+        let n = 3 * STAGE + 17;
+        let xf: Vec<f32> = (0..n).map(|i| ((i % 977) as f32 - 488.0) * 0.011).collect();
+        let xh: Vec<f16> = xf.iter().map(|&v| f16::from_f32(v)).collect();
+        let xh_f: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
+        let (c_ref, s_ref, _) = q16(&xh_f, n).unwrap();
+        let mut c = vec![0i8; n];
+        let mut s = vec![f16::ZERO; 1];
+        quantize_blockwise(&xh, n, &mut c, ScalesMut::F16(&mut s)).unwrap();
+        assert_eq!((c, s), (c_ref, s_ref));
+        let mut xh_bad = xh.clone();
+        xh_bad[2 * STAGE + 5] = f16::NEG_INFINITY;
+        let e = quantize_blockwise(&xh_bad, n, &mut vec![0i8; n], ScalesMut::F16(&mut [f16::ZERO]));
+        assert_eq!(e.unwrap_err(), QuantError::NonFinite { arg: "x", index: 2 * STAGE + 5 });
+    }
+
+    #[test]
+    fn bad_arguments_are_rejected() {
+        let x = [1.0f32; 10];
+        let e = quantize_blockwise(&x, 0, &mut [0; 10], ScalesMut::F32(&mut [0.0; 1]));
+        assert!(matches!(e, Err(QuantError::InvalidConfig { arg: "block_size", .. })));
+        let e = quantize_blockwise(&x, 4, &mut [0; 9], ScalesMut::F32(&mut [0.0; 3]));
+        assert!(matches!(e, Err(QuantError::ShapeMismatch { arg: "codes", .. })));
+        let e = quantize_blockwise(&x, 4, &mut [0; 10], ScalesMut::F32(&mut [0.0; 2]));
+        assert!(matches!(e, Err(QuantError::ShapeMismatch { arg: "scales", .. })));
+        let e = dequantize_blockwise(&[0; 10], 4, Scales::F32(&[1.0; 3]), &mut [0.0; 9]);
+        assert!(matches!(e, Err(QuantError::ShapeMismatch { arg: "out", .. })));
+    }
+
+    #[test]
+    fn empty_input_has_no_blocks() {
+        let (c, s, _) = q16(&[], 64).unwrap();
+        assert!(c.is_empty() && s.is_empty());
+        dequantize_blockwise(&[], 64, Scales::F16(&[]), &mut []).unwrap();
+    }
+}

@@ -1,0 +1,10 @@
+//! The safe public kernel API.
+//!
+//! Each function validates its arguments once, then runs the kernel on
+//! ferroquant's pool (large inputs) or the calling thread (small ones), with
+//! the ISA from [`crate::simd::Isa::detected`]. `*_with` variants take the ISA
+//! explicitly, so tests can compare every path against the scalar one.
+//! Outputs are caller-allocated slices; nothing is written to them before
+//! validation passes, and on error their contents are unspecified.
+
+pub mod blockwise;

@@ -1,0 +1,187 @@
+//! Every SIMD path equals the scalar path bit for bit (DESIGN.md, tier 2),
+//! at lengths that are not multiples of any vector width, with adversarial
+//! values: exact rounding ties, the float just below a tie, subnormals,
+//! signed zeros, and blocks whose scale underflows.
+
+use ferroquant::ops::blockwise::{
+    dequantize_blockwise_with, num_blocks, quantize_blockwise_with, BlockwiseReport, Scales,
+    ScalesMut,
+};
+use ferroquant::simd::{self, Isa};
+use ferroquant::QuantError;
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+/// Small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Values that stress rounding: ties and near-ties of a power-of-two scale,
+/// subnormals, signed zeros, ordinary noise.
+fn adversarial(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed | 1);
+    (0..n)
+        .map(|i| match r.next() % 8 {
+            0 => (r.next() % 255) as f32 - 127.0 + 0.5, // exact .5 ties when scale is 1
+            1 => f32::from_bits(0.5f32.to_bits() - 1) * if i % 2 == 0 { 1.0 } else { -1.0 },
+            2 => f32::from_bits((r.next() % 0x007f_ffff) as u32 + 1), // subnormal
+            3 => -0.0,
+            4 => 127.0 * if r.next() % 2 == 0 { 1.0 } else { -1.0 }, // pins scale to 1
+            _ => (r.unit() - 0.5) * 200.0,
+        })
+        .collect()
+}
+
+fn quantize(isa: Isa, x: &[f32], bs: usize) -> (Vec<i8>, Vec<f16>, BlockwiseReport) {
+    let mut c = vec![0i8; x.len()];
+    let mut s = vec![f16::ZERO; num_blocks(x.len(), bs)];
+    let r = quantize_blockwise_with(isa, x, bs, &mut c, ScalesMut::F16(&mut s)).unwrap();
+    (c, s, r)
+}
+
+#[test]
+fn blockwise_quantize_matches_scalar_on_every_isa() {
+    let blocks = [1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 4096];
+    for isa in Isa::supported() {
+        for &bs in &blocks {
+            for n in (0..200).chain([1000, 4099, 70_001]) {
+                let x = adversarial(n, (n * 131 + bs) as u64);
+                assert_eq!(
+                    quantize(isa, &x, bs),
+                    quantize(Isa::Scalar, &x, bs),
+                    "isa {isa:?} n {n} block {bs}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn tails_of_every_length_match_scalar() {
+    // Block 64 with a tail of 1..63, and primitives over lengths 0..70.
+    for isa in Isa::supported() {
+        for tail in 1..64 {
+            let x = adversarial(64 * 3 + tail, tail as u64);
+            assert_eq!(quantize(isa, &x, 64), quantize(Isa::Scalar, &x, 64));
+        }
+        for n in 0..70 {
+            let x = adversarial(n, 7 + n as u64);
+            assert_eq!(simd::absmax_bits(isa, &x), simd::absmax_bits(Isa::Scalar, &x));
+            for scale in [1.0f32, 0.37, 3.0e-3, 1.1e-40] {
+                let mut a = vec![0i8; n];
+                let mut b = vec![0i8; n];
+                simd::quantize_scaled(isa, &x, scale, &mut a);
+                simd::quantize_scaled(Isa::Scalar, &x, scale, &mut b);
+                assert_eq!(a, b, "isa {isa:?} n {n} scale {scale}");
+            }
+        }
+    }
+}
+
+#[test]
+fn non_finite_index_is_the_same_on_every_isa() {
+    for isa in Isa::supported() {
+        for n in [1usize, 15, 16, 17, 64, 1000, 100_000] {
+            for pos in [0, n / 2, n - 1] {
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut x = adversarial(n, 99);
+                    x[pos] = bad;
+                    let mut c = vec![0i8; n];
+                    let mut s = vec![f16::ZERO; num_blocks(n, 64)];
+                    let e = quantize_blockwise_with(isa, &x, 64, &mut c, ScalesMut::F16(&mut s));
+                    assert_eq!(e.unwrap_err(), QuantError::NonFinite { arg: "x", index: pos });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantize_matches_scalar_on_every_isa() {
+    for isa in Isa::supported() {
+        for &bs in &[1usize, 5, 16, 17, 64, 100] {
+            for n in (0..150).chain([4097, 100_003]) {
+                let mut r = Rng(n as u64 + 3);
+                let codes: Vec<i8> = (0..n).map(|_| (r.next() % 255) as i8).collect();
+                let s16: Vec<f16> = (0..num_blocks(n, bs))
+                    .map(|_| f16::from_f32(r.unit() * 0.1 + 1e-6))
+                    .collect();
+                let s32: Vec<f32> = s16.iter().map(|h| h.to_f32() * 1.000_1).collect();
+                for scales in [Scales::F16(&s16), Scales::F32(&s32)] {
+                    let mut a = vec![0f32; n];
+                    let mut b = vec![0f32; n];
+                    dequantize_blockwise_with(isa, &codes, bs, scales, &mut a).unwrap();
+                    dequantize_blockwise_with(Isa::Scalar, &codes, bs, scales, &mut b).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "isa {isa:?} n {n} block {bs}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let x = adversarial(1 << 20, 5);
+    ferroquant::parallel::set_num_threads(1).unwrap();
+    let one = quantize(Isa::detected(), &x, 64);
+    ferroquant::parallel::set_num_threads(3).unwrap();
+    let three = quantize(Isa::detected(), &x, 64);
+    assert_eq!(one, three);
+}
+
+#[test]
+fn half_and_bf16_inputs_match_on_every_isa() {
+    let xf = adversarial(10_007, 11);
+    let xh: Vec<f16> = xf.iter().map(|&v| f16::from_f32(v)).collect();
+    let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
+    for isa in Isa::supported() {
+        for bs in [64usize, 20_000] {
+            let mut c1 = vec![0i8; xf.len()];
+            let mut s1 = vec![0f32; num_blocks(xf.len(), bs)];
+            let mut c2 = c1.clone();
+            let mut s2 = s1.clone();
+            quantize_blockwise_with(isa, &xh, bs, &mut c1, ScalesMut::F32(&mut s1)).unwrap();
+            quantize_blockwise_with(Isa::Scalar, &xh, bs, &mut c2, ScalesMut::F32(&mut s2)).unwrap();
+            assert_eq!((&c1, &s1), (&c2, &s2));
+            quantize_blockwise_with(isa, &xb, bs, &mut c1, ScalesMut::F32(&mut s1)).unwrap();
+            quantize_blockwise_with(Isa::Scalar, &xb, bs, &mut c2, ScalesMut::F32(&mut s2)).unwrap();
+            assert_eq!((&c1, &s1), (&c2, &s2));
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn random_inputs_match_scalar(
+        x in prop::collection::vec(-1.0e6f32..1.0e6, 0..600),
+        bs in 1usize..130,
+    ) {
+        for isa in Isa::supported() {
+            let mut c1 = vec![0i8; x.len()];
+            let mut s1 = vec![0f32; num_blocks(x.len(), bs)];
+            let mut c2 = c1.clone();
+            let mut s2 = s1.clone();
+            quantize_blockwise_with(isa, &x, bs, &mut c1, ScalesMut::F32(&mut s1)).unwrap();
+            quantize_blockwise_with(Isa::Scalar, &x, bs, &mut c2, ScalesMut::F32(&mut s2)).unwrap();
+            prop_assert_eq!(&c1, &c2);
+            prop_assert_eq!(&s1, &s2);
+            // Unclamped codes are within half a step of the value.
+            for (b, (xb, cb)) in x.chunks(bs).zip(c1.chunks(bs)).enumerate() {
+                for (&v, &q) in xb.iter().zip(cb) {
+                    prop_assert!((q as f32 * s1[b] - v).abs() <= s1[b] * 0.5 * 1.0001);
+                }
+            }
+        }
+    }
+}
