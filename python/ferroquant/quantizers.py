@@ -1,0 +1,44 @@
+"""Built-in quantizers, registered by name at import (SPEC §6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._checks import positive_int, scale_dtype
+from .functional import dequantize_blockwise, quantize_blockwise
+from .registry import register_quantizer
+from .types import BlockwiseQuantized
+
+__all__ = ["Blockwise8"]
+
+
+@dataclass(frozen=True)
+class Blockwise8:
+    """``blockwise8``: blockwise int8 codes with one float16 (or float32) scale per block.
+
+    Args:
+        block_size: elements per block (>= 1).
+        scale_dtype: ``np.float16`` or ``np.float32``.
+    """
+
+    block_size: int = 64
+    scale_dtype: Any = np.float16
+    name: str = "blockwise8"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_size", positive_int(self.block_size, "block_size"))
+        object.__setattr__(self, "scale_dtype", scale_dtype(self.scale_dtype))
+
+    def quantize(self, x: Any) -> BlockwiseQuantized:
+        """:func:`ferroquant.quantize_blockwise` with this quantizer's parameters."""
+        return quantize_blockwise(x, self.block_size, self.scale_dtype)
+
+    def dequantize(self, q: BlockwiseQuantized) -> np.ndarray:
+        """:func:`ferroquant.dequantize_blockwise`."""
+        return dequantize_blockwise(q)
+
+
+register_quantizer("blockwise8", Blockwise8)

@@ -1,0 +1,65 @@
+"""The Quantizer protocol and the registry of named quantizers (SPEC §6)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Quantizer", "get_quantizer", "list_quantizers", "register_quantizer"]
+
+
+@runtime_checkable
+class Quantizer(Protocol):
+    """Anything with a ``name`` that quantizes an array and dequantizes the result."""
+
+    name: str
+
+    def quantize(self, x: np.ndarray) -> Any:
+        """Quantize ``x`` into a frozen result dataclass."""
+        ...
+
+    def dequantize(self, q: Any) -> np.ndarray:
+        """Reconstruct an array from a result of :meth:`quantize`."""
+        ...
+
+
+_REGISTRY: Dict[str, Callable[..., Quantizer]] = {}
+
+
+def register_quantizer(
+    name: str, factory: Callable[..., Quantizer], *, replace: bool = False
+) -> None:
+    """Register ``factory`` (called with the parameters of :func:`get_quantizer`) as ``name``.
+
+    Raises:
+        TypeError: ``name`` is not a non-empty str or ``factory`` is not callable.
+        ValueError: ``name`` is taken and ``replace`` is false.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not callable(factory):
+        raise TypeError(f"factory must be callable, got {type(factory).__name__}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"a quantizer named {name!r} is already registered; pass replace=True")
+    _REGISTRY[name] = factory
+
+
+def get_quantizer(name: str, **params: Any) -> Quantizer:
+    """Build the quantizer registered as ``name``: ``factory(**params)``.
+
+    Raises:
+        KeyError: no quantizer has that name (the message lists the known ones).
+    """
+    try:
+        factory = _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise KeyError(
+            f"unknown quantizer {name!r}; known: {', '.join(list_quantizers())}"
+        ) from None
+    return factory(**params)
+
+
+def list_quantizers() -> List[str]:
+    """Names of all registered quantizers, in registration order."""
+    return list(_REGISTRY)

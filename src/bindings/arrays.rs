@@ -1,0 +1,106 @@
+//! Extraction of NumPy arguments into typed, contiguous, read-only views.
+
+use super::errors::dtype_error;
+use half::{bf16, f16};
+use numpy::{
+    dtype, Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn,
+    PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// A floating-point input array of one of the four supported dtypes.
+pub(crate) enum FloatArray<'py> {
+    F32(PyReadonlyArrayDyn<'py, f32>),
+    F64(PyReadonlyArrayDyn<'py, f64>),
+    F16(PyReadonlyArrayDyn<'py, f16>),
+    BF16(PyReadonlyArrayDyn<'py, bf16>),
+}
+
+fn untyped<'a, 'py>(arg: &str, x: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyUntypedArray>> {
+    x.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{arg} must be a numpy.ndarray, got {}",
+            x.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        ))
+    })
+}
+
+fn readonly<'py, T: Element>(arg: &str, x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
+    let arr = x.cast::<PyArrayDyn<T>>().map_err(|e| PyTypeError::new_err(format!("{arg}: {e}")))?;
+    let ro = arr
+        .try_readonly()
+        .map_err(|e| PyValueError::new_err(format!("{arg} cannot be read: {e}")))?;
+    if !ro.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!("{arg} must be C-contiguous")));
+    }
+    Ok(ro)
+}
+
+fn dtype_str(arr: &Bound<'_, PyUntypedArray>) -> String {
+    arr.dtype().str().map(|s| s.to_string()).unwrap_or_default()
+}
+
+impl<'py> FloatArray<'py> {
+    /// Accept a C-contiguous, native-byte-order float32/float64/float16/bfloat16 array.
+    pub(crate) fn extract(arg: &str, x: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let py = x.py();
+        let arr = untyped(arg, x)?;
+        let dt = arr.dtype();
+        if dt.is_equiv_to(&dtype::<f32>(py)) {
+            return Ok(FloatArray::F32(readonly(arg, x)?));
+        }
+        if dt.is_equiv_to(&dtype::<f64>(py)) {
+            return Ok(FloatArray::F64(readonly(arg, x)?));
+        }
+        if dt.is_equiv_to(&dtype::<f16>(py)) {
+            return Ok(FloatArray::F16(readonly(arg, x)?));
+        }
+        // Probe bfloat16 only when the array claims to be one: rust-numpy looks
+        // the dtype up by name and cannot be asked without ml_dtypes installed.
+        let is_bf16 = dt.typeobj().name().map(|n| n.to_string() == "bfloat16").unwrap_or(false)
+            && dt.itemsize() == 2;
+        if is_bf16 {
+            return Ok(FloatArray::BF16(readonly(arg, x)?));
+        }
+        Err(dtype_error(arg, "float32, float64, float16 or bfloat16", &dtype_str(arr)))
+    }
+}
+
+/// Run `$body` with `$s` bound to the input's element slice, whatever its dtype.
+macro_rules! with_float_slice {
+    ($arr:expr, $s:ident => $body:expr) => {
+        match &$arr {
+            $crate::bindings::arrays::FloatArray::F32(a) => {
+                let $s = a.as_slice()?;
+                $body
+            }
+            $crate::bindings::arrays::FloatArray::F64(a) => {
+                let $s = a.as_slice()?;
+                $body
+            }
+            $crate::bindings::arrays::FloatArray::F16(a) => {
+                let $s = a.as_slice()?;
+                $body
+            }
+            $crate::bindings::arrays::FloatArray::BF16(a) => {
+                let $s = a.as_slice()?;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_float_slice;
+
+/// A C-contiguous array of exactly dtype `T` (integer arguments: no casting).
+pub(crate) fn exact<'py, T: Element>(
+    arg: &str,
+    expected: &str,
+    x: &Bound<'py, PyAny>,
+) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
+    let arr = untyped(arg, x)?;
+    if !arr.dtype().is_equiv_to(&dtype::<T>(x.py())) {
+        return Err(dtype_error(arg, expected, &dtype_str(arr)));
+    }
+    readonly(arg, x)
+}

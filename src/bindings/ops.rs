@@ -1,0 +1,102 @@
+//! The kernel bindings: extract, release the GIL around one `ops::` call,
+//! map the error, hand the outputs to NumPy (`into_pyarray`, no copy).
+
+use super::arrays::{exact, with_float_slice, FloatArray};
+use super::errors::{dtype_error, to_pyerr};
+use crate::ops::blockwise::{self as bw, num_blocks, Scales, ScalesMut};
+use crate::parallel;
+use crate::simd::Isa;
+use half::f16;
+use numpy::{IntoPyArray, PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+/// `(codes, scales, lossy_blocks)` for the flattened `x`; scales are float16
+/// unless `f32_scales`.
+#[pyfunction]
+#[pyo3(signature = (x, block_size, f32_scales))]
+pub(crate) fn quantize_blockwise<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    block_size: usize,
+    f32_scales: bool,
+) -> PyResult<(Bound<'py, PyArray1<i8>>, Bound<'py, PyAny>, usize)> {
+    let x = FloatArray::extract("x", x)?;
+    with_float_slice!(x, xs => {
+        let n = xs.len();
+        let nb = num_blocks(n, block_size);
+        let mut codes = vec![0i8; n];
+        if f32_scales {
+            let mut scales = vec![0f32; nb];
+            let report = py
+                .detach(|| bw::quantize_blockwise(xs, block_size, &mut codes, ScalesMut::F32(&mut scales)))
+                .map_err(|e| to_pyerr(py, e))?;
+            Ok((codes.into_pyarray(py), scales.into_pyarray(py).into_any(), report.lossy_blocks))
+        } else {
+            let mut scales = vec![f16::ZERO; nb];
+            let report = py
+                .detach(|| bw::quantize_blockwise(xs, block_size, &mut codes, ScalesMut::F16(&mut scales)))
+                .map_err(|e| to_pyerr(py, e))?;
+            Ok((codes.into_pyarray(py), scales.into_pyarray(py).into_any(), report.lossy_blocks))
+        }
+    })
+}
+
+/// Flat float32 dequantization of blockwise `codes` with float16 or float32 `scales`.
+#[pyfunction]
+#[pyo3(signature = (codes, block_size, scales))]
+pub(crate) fn dequantize_blockwise<'py>(
+    py: Python<'py>,
+    codes: &Bound<'py, PyAny>,
+    block_size: usize,
+    scales: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let codes = exact::<i8>("data", "int8", codes)?;
+    let cs = codes.as_slice()?;
+    let mut out = vec![0f32; cs.len()];
+    let kind = scales
+        .cast::<PyUntypedArray>()
+        .map(|a| (a.dtype().kind(), a.dtype().itemsize()))
+        .unwrap_or((0, 0));
+    match kind {
+        (b'f', 2) => {
+            let s = exact::<f16>("scales", "float16 or float32", scales)?;
+            let ss = s.as_slice()?;
+            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F16(ss), &mut out))
+        }
+        (b'f', 4) => {
+            let s = exact::<f32>("scales", "float16 or float32", scales)?;
+            let ss = s.as_slice()?;
+            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F32(ss), &mut out))
+        }
+        _ => {
+            let got = scales.getattr("dtype").map(|d| d.to_string()).unwrap_or_else(|_| "no dtype".into());
+            return Err(dtype_error("scales", "float16 or float32", &got));
+        }
+    }
+    .map_err(|e| to_pyerr(py, e))?;
+    Ok(out.into_pyarray(py))
+}
+
+/// Set the number of threads kernels use (>= 1).
+#[pyfunction]
+pub(crate) fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<()> {
+    parallel::set_num_threads(n).map_err(|e| to_pyerr(py, e))
+}
+
+/// The number of threads kernels use.
+#[pyfunction]
+pub(crate) fn get_num_threads() -> usize {
+    parallel::get_num_threads()
+}
+
+/// The instruction set the kernels run on (`"avx512"`, `"avx2"` or `"scalar"`).
+#[pyfunction]
+pub(crate) fn simd_isa() -> &'static str {
+    Isa::detected().name()
+}
+
+/// Every instruction set this CPU supports.
+#[pyfunction]
+pub(crate) fn supported_isas() -> Vec<&'static str> {
+    Isa::supported().into_iter().map(Isa::name).collect()
+}
