@@ -1,13 +1,13 @@
 //! The kernel bindings: extract, release the GIL around one `ops::` call,
 //! map the error, hand the outputs to NumPy (`into_pyarray`, no copy).
 
-use super::arrays::{exact, with_float_slice, FloatArray};
+use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::{dtype_error, to_pyerr};
 use crate::ops::blockwise::{self as bw, num_blocks, Scales, ScalesMut};
 use crate::parallel;
 use crate::simd::Isa;
 use half::f16;
-use numpy::{IntoPyArray, PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 /// `(codes, scales, lossy_blocks)` for the flattened `x`; scales are float16
@@ -22,22 +22,26 @@ pub(crate) fn quantize_blockwise<'py>(
 ) -> PyResult<(Bound<'py, PyArray1<i8>>, Bound<'py, PyAny>, usize)> {
     let x = FloatArray::extract("x", x)?;
     with_float_slice!(x, xs => {
-        let n = xs.len();
-        let nb = num_blocks(n, block_size);
-        let mut codes = vec![0i8; n];
-        if f32_scales {
-            let mut scales = vec![0f32; nb];
-            let report = py
-                .detach(|| bw::quantize_blockwise(xs, block_size, &mut codes, ScalesMut::F32(&mut scales)))
-                .map_err(|e| to_pyerr(py, e))?;
-            Ok((codes.into_pyarray(py), scales.into_pyarray(py).into_any(), report.lossy_blocks))
+        let nb = num_blocks(xs.len(), block_size);
+        let codes = output::<i8>(py, xs.len());
+        let mut cw = writable(&codes)?;
+        let cs = cw.as_slice_mut()?;
+        let (scales, report) = if f32_scales {
+            let scales = output::<f32>(py, nb);
+            let mut sw = writable(&scales)?;
+            let ss = sw.as_slice_mut()?;
+            let r = py.detach(|| bw::quantize_blockwise(xs, block_size, cs, ScalesMut::F32(ss)));
+            (scales.into_any(), r)
         } else {
-            let mut scales = vec![f16::ZERO; nb];
-            let report = py
-                .detach(|| bw::quantize_blockwise(xs, block_size, &mut codes, ScalesMut::F16(&mut scales)))
-                .map_err(|e| to_pyerr(py, e))?;
-            Ok((codes.into_pyarray(py), scales.into_pyarray(py).into_any(), report.lossy_blocks))
-        }
+            let scales = output::<f16>(py, nb);
+            let mut sw = writable(&scales)?;
+            let ss = sw.as_slice_mut()?;
+            let r = py.detach(|| bw::quantize_blockwise(xs, block_size, cs, ScalesMut::F16(ss)));
+            (scales.into_any(), r)
+        };
+        let report = report.map_err(|e| to_pyerr(py, e))?;
+        drop(cw);
+        Ok((codes, scales, report.lossy_blocks))
     })
 }
 
@@ -52,7 +56,9 @@ pub(crate) fn dequantize_blockwise<'py>(
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let codes = exact::<i8>("data", "int8", codes)?;
     let cs = codes.as_slice()?;
-    let mut out = vec![0f32; cs.len()];
+    let out = output::<f32>(py, cs.len());
+    let mut ow = writable(&out)?;
+    let os = ow.as_slice_mut()?;
     let kind = scales
         .cast::<PyUntypedArray>()
         .map(|a| (a.dtype().kind(), a.dtype().itemsize()))
@@ -61,20 +67,24 @@ pub(crate) fn dequantize_blockwise<'py>(
         (b'f', 2) => {
             let s = exact::<f16>("scales", "float16 or float32", scales)?;
             let ss = s.as_slice()?;
-            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F16(ss), &mut out))
+            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F16(ss), os))
         }
         (b'f', 4) => {
             let s = exact::<f32>("scales", "float16 or float32", scales)?;
             let ss = s.as_slice()?;
-            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F32(ss), &mut out))
+            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F32(ss), os))
         }
         _ => {
-            let got = scales.getattr("dtype").map(|d| d.to_string()).unwrap_or_else(|_| "no dtype".into());
+            let got = scales
+                .getattr("dtype")
+                .map(|d| d.to_string())
+                .unwrap_or_else(|_| "no dtype".into());
             return Err(dtype_error("scales", "float16 or float32", &got));
         }
     }
     .map_err(|e| to_pyerr(py, e))?;
-    Ok(out.into_pyarray(py))
+    drop(ow);
+    Ok(out)
 }
 
 /// Set the number of threads kernels use (>= 1).
