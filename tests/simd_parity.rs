@@ -33,10 +33,19 @@ fn adversarial(n: usize, seed: u64) -> Vec<f32> {
     (0..n)
         .map(|i| match r.next() % 8 {
             0 => (r.next() % 255) as f32 - 127.0 + 0.5, // exact .5 ties when scale is 1
-            1 => f32::from_bits(0.5f32.to_bits() - 1) * if i % 2 == 0 { 1.0 } else { -1.0 },
+            1 => {
+                f32::from_bits(0.5f32.to_bits() - 1) * if i.is_multiple_of(2) { 1.0 } else { -1.0 }
+            }
             2 => f32::from_bits((r.next() % 0x007f_ffff) as u32 + 1), // subnormal
             3 => -0.0,
-            4 => 127.0 * if r.next() % 2 == 0 { 1.0 } else { -1.0 }, // pins scale to 1
+            4 => {
+                127.0
+                    * if r.next().is_multiple_of(2) {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+            } // pins scale to 1
             _ => (r.unit() - 0.5) * 200.0,
         })
         .collect()
@@ -51,7 +60,9 @@ fn quantize(isa: Isa, x: &[f32], bs: usize) -> (Vec<i8>, Vec<f16>, BlockwiseRepo
 
 #[test]
 fn blockwise_quantize_matches_scalar_on_every_isa() {
-    let blocks = [1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 4096];
+    let blocks = [
+        1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 4096,
+    ];
     for isa in Isa::supported() {
         for &bs in &blocks {
             for n in (0..200).chain([1000, 4099, 70_001]) {
@@ -76,7 +87,10 @@ fn tails_of_every_length_match_scalar() {
         }
         for n in 0..70 {
             let x = adversarial(n, 7 + n as u64);
-            assert_eq!(simd::absmax_bits(isa, &x), simd::absmax_bits(Isa::Scalar, &x));
+            assert_eq!(
+                simd::absmax_bits(isa, &x),
+                simd::absmax_bits(Isa::Scalar, &x)
+            );
             for scale in [1.0f32, 0.37, 3.0e-3, 1.1e-40] {
                 let mut a = vec![0i8; n];
                 let mut b = vec![0i8; n];
@@ -99,7 +113,13 @@ fn non_finite_index_is_the_same_on_every_isa() {
                     let mut c = vec![0i8; n];
                     let mut s = vec![f16::ZERO; num_blocks(n, 64)];
                     let e = quantize_blockwise_with(isa, &x, 64, &mut c, ScalesMut::F16(&mut s));
-                    assert_eq!(e.unwrap_err(), QuantError::NonFinite { arg: "x", index: pos });
+                    assert_eq!(
+                        e.unwrap_err(),
+                        QuantError::NonFinite {
+                            arg: "x",
+                            index: pos
+                        }
+                    );
                 }
             }
         }
@@ -152,10 +172,12 @@ fn half_and_bf16_inputs_match_on_every_isa() {
             let mut c2 = c1.clone();
             let mut s2 = s1.clone();
             quantize_blockwise_with(isa, &xh, bs, &mut c1, ScalesMut::F32(&mut s1)).unwrap();
-            quantize_blockwise_with(Isa::Scalar, &xh, bs, &mut c2, ScalesMut::F32(&mut s2)).unwrap();
+            quantize_blockwise_with(Isa::Scalar, &xh, bs, &mut c2, ScalesMut::F32(&mut s2))
+                .unwrap();
             assert_eq!((&c1, &s1), (&c2, &s2));
             quantize_blockwise_with(isa, &xb, bs, &mut c1, ScalesMut::F32(&mut s1)).unwrap();
-            quantize_blockwise_with(Isa::Scalar, &xb, bs, &mut c2, ScalesMut::F32(&mut s2)).unwrap();
+            quantize_blockwise_with(Isa::Scalar, &xb, bs, &mut c2, ScalesMut::F32(&mut s2))
+                .unwrap();
             assert_eq!((&c1, &s1), (&c2, &s2));
         }
     }

@@ -113,16 +113,23 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                 err = np.abs(quantizer.dequantize(q).astype(np.float64) - arr.astype(np.float64))
                 writer.add(name, q)
                 out_bytes += q.nbytes
-                rows.append([
-                    name, "x".join(map(str, arr.shape)), quantizer.name,
-                    f"{arr.nbytes / q.nbytes:.2f}x", f"{err.max():.3e}", f"{err.mean():.3e}",
-                    f"{ms:.2f}",
-                ])
+                rows.append(
+                    [
+                        name,
+                        "x".join(map(str, arr.shape)),
+                        quantizer.name,
+                        f"{arr.nbytes / q.nbytes:.2f}x",
+                        f"{err.max():.3e}",
+                        f"{err.mean():.3e}",
+                        f"{ms:.2f}",
+                    ]
+                )
             else:
                 writer.add(name, arr)
                 out_bytes += arr.nbytes
-                rows.append([name, "x".join(map(str, arr.shape)) or "()", "copied",
-                             "1.00x", "-", "-", "-"])
+                rows.append(
+                    [name, "x".join(map(str, arr.shape)) or "()", "copied", "1.00x", "-", "-", "-"]
+                )
             bar.update(1)
     elapsed = time.perf_counter() - t_start
     print(_table(rows, ["tensor", "shape", "scheme", "ratio", "max|err|", "mean|err|", "ms"]))
@@ -142,12 +149,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     total = 0
     for name, value in reader.entries():
         if isinstance(value, np.ndarray):
-            rows.append([name, "array", str(value.dtype), "x".join(map(str, value.shape)) or "()",
-                         _fmt_bytes(value.nbytes), "-"])
+            rows.append(
+                [
+                    name,
+                    "array",
+                    str(value.dtype),
+                    "x".join(map(str, value.shape)) or "()",
+                    _fmt_bytes(value.nbytes),
+                    "-",
+                ]
+            )
             total += value.nbytes
         else:
-            rows.append([name, value.scheme, "quantized", "x".join(map(str, value.shape)) or "()",
-                         _fmt_bytes(value.nbytes), f"{value.compression_ratio():.2f}x"])
+            rows.append(
+                [
+                    name,
+                    value.scheme,
+                    "quantized",
+                    "x".join(map(str, value.shape)) or "()",
+                    _fmt_bytes(value.nbytes),
+                    f"{value.compression_ratio():.2f}x",
+                ]
+            )
             total += value.nbytes
     print(_table(rows, ["tensor", "kind", "dtype", "shape", "bytes", "ratio"]))
     extra = {k: v for k, v in reader.metadata.items() if not k.startswith("ferroquant:")}
@@ -177,13 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quantize", help="quantize every floating tensor of rank >= 2")
     q.add_argument("input", nargs="?", help="input .safetensors file")
     q.add_argument("-o", "--output", required=True, help="output .safetensors file")
-    q.add_argument("--scheme", default="blockwise8",
-                   help=f"quantizer name (default blockwise8; known: {', '.join(list_quantizers())})")
+    q.add_argument(
+        "--scheme",
+        default="blockwise8",
+        help=f"quantizer name (default blockwise8; known: {', '.join(list_quantizers())})",
+    )
     q.add_argument("--block-size", type=int, default=None, help="block size (blockwise8)")
-    q.add_argument("--scale-dtype", choices=["float16", "float32"], default=None,
-                   help="scale dtype (blockwise8; default float16)")
-    q.add_argument("--demo", action="store_true",
-                   help=f"quantize all-MiniLM-L6-v2 from the {DEMO_PACKAGE} wheel")
+    q.add_argument(
+        "--scale-dtype",
+        choices=["float16", "float32"],
+        default=None,
+        help="scale dtype (blockwise8; default float16)",
+    )
+    q.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"quantize all-MiniLM-L6-v2 from the {DEMO_PACKAGE} wheel",
+    )
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_quantize)
 
@@ -209,5 +242,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             msg = f"{e.strerror}: {e.filename}"
         print(f"ferroquant: error: {msg}", file=sys.stderr)
         return 1
-
-

@@ -73,7 +73,6 @@ def quantize_blockwise(
     )
 
 
-
 def dequantize_blockwise(q: BlockwiseQuantized) -> np.ndarray:
     """Reconstruct float32 values in ``q.shape``: ``code * float32(stored scale)``.
 

@@ -22,7 +22,19 @@ import mmap
 import os
 import struct
 import tempfile
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 from safetensors import TensorSpec, deserialize, safe_open, serialize, serialize_file
@@ -48,9 +60,18 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 # safetensors dtype tags -> numpy dtypes (BF16 needs ml_dtypes, looked up lazily).
 _ST_DTYPES: Dict[str, Any] = {
-    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
-    "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
-    "F16": np.float16, "F32": np.float32, "F64": np.float64,
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "U16": np.uint16,
+    "I16": np.int16,
+    "U32": np.uint32,
+    "I32": np.int32,
+    "U64": np.uint64,
+    "I64": np.int64,
+    "F16": np.float16,
+    "F32": np.float32,
+    "F64": np.float64,
 }
 
 
@@ -65,7 +86,7 @@ def _bfloat16() -> Any:
 def _storable(arr: np.ndarray, name: str) -> np.ndarray:
     """Contiguous, little-endian array safetensors can write (it mis-writes strided ones)."""
     dt = arr.dtype
-    if not (dt.kind in "biuf" and dt.itemsize <= 8 or dt.name == "bfloat16"):
+    if not ((dt.kind in "biuf" and dt.itemsize <= 8) or dt.name == "bfloat16"):
         raise TypeError(f"tensors[{name!r}] has dtype {dt}, which safetensors cannot store")
     if dt.byteorder == ">" or (dt.byteorder == "=" and not _little_endian_host()):
         arr = arr.astype(dt.newbyteorder("<"))
@@ -93,7 +114,9 @@ def _flatten(
     tensors: Mapping[str, Entry], metadata: Optional[Mapping[str, str]]
 ) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
     if not isinstance(tensors, Mapping):
-        raise TypeError(f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}")
+        raise TypeError(
+            f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}"
+        )
     meta: Dict[str, str] = {}
     for k, v in (metadata or {}).items():
         if not isinstance(k, str) or not isinstance(v, str):
@@ -162,7 +185,7 @@ def _plan(names: Iterable[str], meta: Mapping[str, str]) -> Dict[str, Any]:
     for key in sorted(meta):
         if not key.startswith(_ENTRY_PREFIX):
             continue
-        name = key[len(_ENTRY_PREFIX):]
+        name = key[len(_ENTRY_PREFIX) :]
         try:
             entry = json.loads(meta[key])
         except (ValueError, RecursionError) as e:

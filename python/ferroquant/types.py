@@ -70,7 +70,9 @@ class BlockwiseQuantized:
             np.float16,
             np.float32,
         ):
-            raise TypeError(f"scales must be a float16 or float32 array, got {_describe(self.scales)}")
+            raise TypeError(
+                f"scales must be a float16 or float32 array, got {_describe(self.scales)}"
+            )
         if self.data.shape != (n,):
             raise ShapeMismatchError(
                 f"data: expected shape ({n},) for shape {shape}, got {self.data.shape}"
@@ -154,7 +156,9 @@ class BlockwiseQuantized:
             if not isinstance(block_size, int) or isinstance(block_size, bool):
                 raise FormatError(f"block_size must be an integer, got {block_size!r}")
             q = cls(
-                data=arrays["data"], scales=arrays["scales"], shape=tuple(shape),
+                data=arrays["data"],
+                scales=arrays["scales"],
+                shape=tuple(shape),
                 block_size=block_size,
             )
         except KeyError as e:

@@ -3,8 +3,8 @@
 use super::errors::dtype_error;
 use half::{bf16, f16};
 use numpy::{
-    dtype, Element, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods,
-    PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+    dtype, Element, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn,
+    PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -17,17 +17,28 @@ pub(crate) enum FloatArray<'py> {
     BF16(PyReadonlyArrayDyn<'py, bf16>),
 }
 
-fn untyped<'a, 'py>(arg: &str, x: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyUntypedArray>> {
+fn untyped<'a, 'py>(
+    arg: &str,
+    x: &'a Bound<'py, PyAny>,
+) -> PyResult<&'a Bound<'py, PyUntypedArray>> {
     x.cast::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!(
             "{arg} must be a numpy.ndarray, got {}",
-            x.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            x.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         ))
     })
 }
 
-fn readonly<'py, T: Element>(arg: &str, x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
-    let arr = x.cast::<PyArrayDyn<T>>().map_err(|e| PyTypeError::new_err(format!("{arg}: {e}")))?;
+fn readonly<'py, T: Element>(
+    arg: &str,
+    x: &Bound<'py, PyAny>,
+) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
+    let arr = x
+        .cast::<PyArrayDyn<T>>()
+        .map_err(|e| PyTypeError::new_err(format!("{arg}: {e}")))?;
     let ro = arr
         .try_readonly()
         .map_err(|e| PyValueError::new_err(format!("{arg} cannot be read: {e}")))?;
@@ -58,12 +69,20 @@ impl<'py> FloatArray<'py> {
         }
         // Probe bfloat16 only when the array claims to be one: rust-numpy looks
         // the dtype up by name and cannot be asked without ml_dtypes installed.
-        let is_bf16 = dt.typeobj().name().map(|n| n.to_string() == "bfloat16").unwrap_or(false)
+        let is_bf16 = dt
+            .typeobj()
+            .name()
+            .map(|n| n == "bfloat16")
+            .unwrap_or(false)
             && dt.itemsize() == 2;
         if is_bf16 {
             return Ok(FloatArray::BF16(readonly(arg, x)?));
         }
-        Err(dtype_error(arg, "float32, float64, float16 or bfloat16", &dtype_str(arr)))
+        Err(dtype_error(
+            arg,
+            "float32, float64, float16 or bfloat16",
+            &dtype_str(arr),
+        ))
     }
 }
 

@@ -345,7 +345,13 @@ fn split_dequantize<S: ScaleStore>(
         .for_each(|((c, s), o)| dequantize_task(isa, c, bs, s, o));
 }
 
-fn dequantize_task<S: ScaleStore>(isa: Isa, codes: &[i8], bs: usize, scales: &[S], out: &mut [f32]) {
+fn dequantize_task<S: ScaleStore>(
+    isa: Isa,
+    codes: &[i8],
+    bs: usize,
+    scales: &[S],
+    out: &mut [f32],
+) {
     let group = (STAGE / bs).clamp(1, 1024);
     let mut tmp = [0f32; 1024];
     let groups = codes
@@ -459,7 +465,9 @@ mod tests {
 
     #[test]
     fn other_dtypes_match_f32_of_the_converted_values() {
-        let xf: Vec<f32> = (0..5000).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37).collect();
+        let xf: Vec<f32> = (0..5000)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37)
+            .collect();
         let (c_ref, s_ref, _) = q16(&xf, 48).unwrap();
         let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
         let xb_f: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
@@ -488,21 +496,47 @@ mod tests {
         assert_eq!((c, s), (c_ref, s_ref));
         let mut xh_bad = xh.clone();
         xh_bad[2 * STAGE + 5] = f16::NEG_INFINITY;
-        let e = quantize_blockwise(&xh_bad, n, &mut vec![0i8; n], ScalesMut::F16(&mut [f16::ZERO]));
-        assert_eq!(e.unwrap_err(), QuantError::NonFinite { arg: "x", index: 2 * STAGE + 5 });
+        let e = quantize_blockwise(
+            &xh_bad,
+            n,
+            &mut vec![0i8; n],
+            ScalesMut::F16(&mut [f16::ZERO]),
+        );
+        assert_eq!(
+            e.unwrap_err(),
+            QuantError::NonFinite {
+                arg: "x",
+                index: 2 * STAGE + 5
+            }
+        );
     }
 
     #[test]
     fn bad_arguments_are_rejected() {
         let x = [1.0f32; 10];
         let e = quantize_blockwise(&x, 0, &mut [0; 10], ScalesMut::F32(&mut [0.0; 1]));
-        assert!(matches!(e, Err(QuantError::InvalidConfig { arg: "block_size", .. })));
+        assert!(matches!(
+            e,
+            Err(QuantError::InvalidConfig {
+                arg: "block_size",
+                ..
+            })
+        ));
         let e = quantize_blockwise(&x, 4, &mut [0; 9], ScalesMut::F32(&mut [0.0; 3]));
-        assert!(matches!(e, Err(QuantError::ShapeMismatch { arg: "codes", .. })));
+        assert!(matches!(
+            e,
+            Err(QuantError::ShapeMismatch { arg: "codes", .. })
+        ));
         let e = quantize_blockwise(&x, 4, &mut [0; 10], ScalesMut::F32(&mut [0.0; 2]));
-        assert!(matches!(e, Err(QuantError::ShapeMismatch { arg: "scales", .. })));
+        assert!(matches!(
+            e,
+            Err(QuantError::ShapeMismatch { arg: "scales", .. })
+        ));
         let e = dequantize_blockwise(&[0; 10], 4, Scales::F32(&[1.0; 3]), &mut [0.0; 9]);
-        assert!(matches!(e, Err(QuantError::ShapeMismatch { arg: "out", .. })));
+        assert!(matches!(
+            e,
+            Err(QuantError::ShapeMismatch { arg: "out", .. })
+        ));
     }
 
     #[test]
