@@ -52,7 +52,7 @@ def test_matches_reference_f16_scales(x, block_size):
 @given(
     hnp.arrays(
         np.float32, shapes, elements=st.floats(width=32, allow_nan=False, allow_infinity=False)
-    ),  # noqa: E501
+    ),
     st.integers(1, 130),
 )
 def test_matches_reference_f32_scales_full_range(x, block_size):

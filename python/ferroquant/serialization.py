@@ -88,13 +88,10 @@ def _storable(arr: np.ndarray, name: str) -> np.ndarray:
     dt = arr.dtype
     if not ((dt.kind in "biuf" and dt.itemsize <= 8) or dt.name == "bfloat16"):
         raise TypeError(f"tensors[{name!r}] has dtype {dt}, which safetensors cannot store")
-    if dt.byteorder == ">" or (dt.byteorder == "=" and not _little_endian_host()):
+    if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
         arr = arr.astype(dt.newbyteorder("<"))
-    return np.ascontiguousarray(arr)
-
-
-def _little_endian_host() -> bool:
-    return np.little_endian
+    # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _spec(arr: np.ndarray) -> TensorSpec:

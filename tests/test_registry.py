@@ -1,0 +1,70 @@
+"""SPEC §6: the Quantizer protocol and the registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ferroquant as fq
+from ferroquant import registry
+
+
+def test_blockwise8_is_registered_and_matches_the_function(rng):
+    assert "blockwise8" in fq.list_quantizers()
+    x = rng.standard_normal((50, 30)).astype(np.float32)
+    quantizer = fq.get_quantizer("blockwise8", block_size=32, scale_dtype=np.float32)
+    assert isinstance(quantizer, fq.Quantizer)
+    assert quantizer.name == "blockwise8"
+    q = quantizer.quantize(x)
+    assert q == fq.quantize_blockwise(x, 32, np.float32)
+    assert quantizer.dequantize(q).tobytes() == fq.dequantize_blockwise(q).tobytes()
+    assert fq.get_quantizer("blockwise8").quantize(x) == fq.quantize_blockwise(x)
+
+
+def test_bad_parameters_are_checked_when_the_quantizer_is_built():
+    with pytest.raises(fq.InvalidConfigError, match="block_size"):
+        fq.get_quantizer("blockwise8", block_size=0)
+    with pytest.raises(TypeError):
+        fq.get_quantizer("blockwise8", bits=4)
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(KeyError, match="blockwise8"):
+        fq.get_quantizer("no-such-scheme")
+
+
+class Halver:
+    name = "halver"
+
+    def quantize(self, x):
+        return np.asarray(x) / 2
+
+    def dequantize(self, q):
+        return q * 2
+
+
+@pytest.fixture
+def clean_registry():
+    saved = dict(registry._REGISTRY)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+
+
+def test_register_duplicate_and_replace(clean_registry):
+    fq.register_quantizer("halver", Halver)
+    assert fq.list_quantizers()[-1] == "halver"
+    assert fq.get_quantizer("halver").quantize([4.0]) == [2.0]
+    with pytest.raises(ValueError, match="already registered"):
+        fq.register_quantizer("halver", Halver)
+    with pytest.raises(ValueError, match="already registered"):
+        fq.register_quantizer("blockwise8", Halver)
+    fq.register_quantizer("blockwise8", Halver, replace=True)
+    assert isinstance(fq.get_quantizer("blockwise8"), Halver)
+
+
+def test_register_validates_its_arguments(clean_registry):
+    with pytest.raises(TypeError):
+        fq.register_quantizer("", Halver)
+    with pytest.raises(TypeError):
+        fq.register_quantizer("x", 42)  # type: ignore[arg-type]

@@ -1,0 +1,273 @@
+"""SPEC §6 serialization: round trips, plain safetensors interop, hostile input."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy as stn
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ferroquant as fq
+
+
+@pytest.fixture
+def tensors(rng):
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    return {
+        "layer.0.weight": fq.quantize_blockwise(w, 64),
+        "layer.1.weight": fq.quantize_blockwise(w[:10], 7, np.float32),
+        "layer.0.bias": rng.standard_normal(48).astype(np.float32),
+        "strided": w[:, ::3],  # safetensors.numpy alone would write the wrong bytes
+        "big_endian": np.arange(6, dtype=">i4").reshape(2, 3),
+        "bf16": np.linspace(-1, 1, 9).astype(ml_dtypes.bfloat16),
+        "mask": np.array([True, False, True]),
+        "scalar": np.array(2.5, np.float64),
+        "empty": fq.quantize_blockwise(np.zeros((0, 4), np.float32)),
+    }
+
+
+def assert_same(got, want):
+    assert list(got) == sorted(want)
+    for name, value in want.items():
+        if isinstance(value, np.ndarray):
+            assert isinstance(got[name], np.ndarray)
+            assert got[name].shape == value.shape
+            assert got[name].dtype == value.dtype.newbyteorder("=")
+            assert (
+                got[name].tobytes()
+                == np.ascontiguousarray(value, value.dtype.newbyteorder("=")).tobytes()
+            )
+        else:
+            assert type(got[name]) is type(value)
+            assert got[name] == value
+
+
+def test_file_round_trip(tmp_path, tensors):
+    path = tmp_path / "m.safetensors"
+    fq.save(path, tensors, metadata={"author": "test"})
+    assert_same(fq.load(path), tensors)
+    assert_same(fq.load(str(path)), tensors)
+
+
+def test_bytes_round_trip(tensors):
+    assert_same(fq.load_bytes(fq.save_bytes(tensors)), tensors)
+
+
+def test_dataclass_to_bytes_from_bytes(tensors):
+    q = tensors["layer.0.weight"]
+    b = q.to_bytes()
+    assert isinstance(b, bytes)
+    assert fq.BlockwiseQuantized.from_bytes(b) == q
+    with pytest.raises(fq.FormatError):
+        fq.BlockwiseQuantized.from_bytes(fq.save_bytes({"a": np.zeros(3)}))
+
+
+def test_loaded_arrays_are_read_only(tmp_path, tensors):
+    fq.save(tmp_path / "m.safetensors", tensors)
+    loaded = fq.load(tmp_path / "m.safetensors")
+    assert not loaded["layer.0.bias"].flags.writeable
+    assert not loaded["layer.0.weight"].data.flags.writeable
+
+
+def test_file_is_plain_safetensors_with_json_entries(tmp_path, tensors):
+    path = tmp_path / "m.safetensors"
+    fq.save(path, {"w": tensors["layer.0.weight"], "b": tensors["layer.0.bias"]}, {"k": "v"})
+    raw = stn.load_file(str(path))
+    assert sorted(raw) == ["b", "w::data", "w::scales"]
+    assert raw["w::data"].dtype == np.int8 and raw["w::scales"].dtype == np.float16
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as f:
+        meta = f.metadata()
+    assert meta["k"] == "v"
+    entry = json.loads(meta["ferroquant:w"])
+    assert entry["format_version"] == fq.serialization.FORMAT_VERSION == 1
+    assert entry["scheme"] == "blockwise8"
+    assert entry["shape"] == [64, 48] and entry["block_size"] == 64
+    assert entry["dtype"] == "float32"
+    assert entry["arrays"] == {"data": "w::data", "scales": "w::scales"}
+
+
+def test_any_safetensors_file_loads_as_plain_arrays(tmp_path):
+    path = tmp_path / "plain.safetensors"
+    stn.save_file({"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.int64)}, str(path))
+    out = fq.load(path)
+    assert list(out) == ["a", "b"]
+    np.testing.assert_array_equal(out["a"], np.arange(4))
+
+
+@pytest.mark.parametrize(
+    ("tensors", "metadata", "exc"),
+    [
+        ({"a": [1, 2]}, None, TypeError),
+        ({"a": np.array([object()])}, None, TypeError),
+        ({"a": np.ones(2, np.complex64)}, None, TypeError),
+        ({1: np.ones(2)}, None, TypeError),
+        ({"a": np.ones(2)}, {"ferroquant:a": "{}"}, ValueError),
+        ({"a": np.ones(2)}, {"k": 3}, TypeError),
+        ([("a", np.ones(2))], None, TypeError),
+    ],
+)
+def test_save_rejects_what_it_cannot_store(tmp_path, tensors, metadata, exc):
+    with pytest.raises(exc):
+        fq.save(tmp_path / "x.safetensors", tensors, metadata)
+
+
+def test_save_rejects_name_collisions(tmp_path):
+    q = fq.quantize_blockwise(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="used twice"):
+        fq.save_bytes({"w": q, "w::data": np.zeros(2)})
+
+
+def test_missing_path_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        fq.load(tmp_path / "nope.safetensors")
+
+
+# --- hostile files --------------------------------------------------------------
+
+
+def craft(header: dict, data: bytes = b"", header_len=None) -> bytes:
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    n = len(text) if header_len is None else header_len
+    return struct.pack("<Q", n) + text + data
+
+
+def blockwise_file(entry_patch=None, data_dtype="I8", scales_len=2, n=10, meta_extra=None):
+    entry = {
+        "format_version": 1,
+        "scheme": "blockwise8",
+        "shape": [n],
+        "dtype": "float32",
+        "block_size": 8,
+        "arrays": {"data": "w::data", "scales": "w::scales"},
+    }
+    entry.update(entry_patch or {})
+    item = {"I8": 1, "F32": 4}[data_dtype]
+    meta = {"ferroquant:w": json.dumps(entry), **(meta_extra or {})}
+    header = {
+        "__metadata__": meta,
+        "w::data": {"dtype": data_dtype, "shape": [n], "data_offsets": [0, n * item]},
+        "w::scales": {
+            "dtype": "F16",
+            "shape": [scales_len],
+            "data_offsets": [n * item, n * item + 2 * scales_len],
+        },
+    }
+    data = bytes(n * item) + np.ones(scales_len, np.float16).tobytes()
+    return craft(header, data)
+
+
+def test_crafted_valid_file_loads():
+    q = fq.load_bytes(blockwise_file())["w"]
+    assert isinstance(q, fq.BlockwiseQuantized) and q.shape == (10,)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"scales_len": 3}, "scales"),
+        ({"data_dtype": "F32"}, "int8"),
+        ({"entry_patch": {"scheme": "mystery"}}, "unknown scheme"),
+        ({"entry_patch": {"format_version": 99}}, "upgrade"),
+        ({"entry_patch": {"format_version": "1"}}, "format_version"),
+        ({"entry_patch": {"shape": [11]}}, "data"),
+        ({"entry_patch": {"shape": "ten"}}, "shape"),
+        ({"entry_patch": {"shape": [-10]}}, "non-negative"),
+        ({"entry_patch": {"block_size": 0}}, "block_size"),
+        ({"entry_patch": {"block_size": 2.5}}, "block_size"),
+        ({"entry_patch": {"block_size": None}}, "block_size"),
+        ({"entry_patch": {"arrays": {"data": "w::data", "scales": "gone"}}}, "missing tensor"),
+        ({"entry_patch": {"arrays": {"data": "w::data"}}}, "lacks"),
+        ({"entry_patch": {"arrays": ["w::data"]}}, "arrays"),
+        (
+            {
+                "meta_extra": {
+                    "ferroquant:v": json.dumps(
+                        {
+                            "format_version": 1,
+                            "scheme": "blockwise8",
+                            "shape": [10],
+                            "block_size": 8,
+                            "arrays": {"data": "w::data", "scales": "w::scales"},
+                        }
+                    )
+                }
+            },
+            "claimed by two",
+        ),
+        ({"meta_extra": {"ferroquant:x": "{not json"}}, "not valid JSON"),
+        ({"meta_extra": {"ferroquant:x": "[1, 2]"}}, "JSON object"),
+        ({"meta_extra": {"ferroquant:x": "[" * 100000 + "]" * 100000}}, "JSON"),
+    ],
+)
+def test_inconsistent_entries_raise_format_error(kwargs, match):
+    with pytest.raises(fq.FormatError, match=match):
+        fq.load_bytes(blockwise_file(**kwargs))
+
+
+def test_non_finite_or_negative_scales_raise_format_error():
+    good = blockwise_file()
+    for bad in (np.nan, np.inf, -1.0):
+        raw = bytearray(good)
+        raw[-4:-2] = np.float16(bad).tobytes()
+        with pytest.raises(fq.FormatError, match="scales"):
+            fq.load_bytes(bytes(raw))
+
+
+def test_truncated_files_raise_format_error(tmp_path, tensors):
+    good = fq.save_bytes(tensors)
+    path = tmp_path / "t.safetensors"
+    for cut in [0, 1, 7, 8, 9, 20, len(good) // 2, len(good) - 1]:
+        with pytest.raises(fq.FormatError):
+            fq.load_bytes(good[:cut])
+        path.write_bytes(good[:cut])
+        with pytest.raises(fq.FormatError):
+            fq.load(path)
+
+
+def test_oversized_header_and_bad_offsets_raise_format_error(tmp_path):
+    for blob in [
+        craft({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8), 2**40),
+        craft({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8), 2**63),
+        craft({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 800]}}, bytes(8)),
+        craft({"a": {"dtype": "F32", "shape": [2], "data_offsets": [4, 2]}}, bytes(8)),
+        craft({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)),
+        craft({"a": {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 8]}}, bytes(8)),
+        craft({"a": {"dtype": "Q99", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+        craft({"a": "nonsense"}),
+        b"\xff" * 64,
+    ]:
+        with pytest.raises(fq.FormatError):
+            fq.load_bytes(blob)
+        path = tmp_path / "h.safetensors"
+        path.write_bytes(blob)
+        with pytest.raises(fq.FormatError):
+            fq.load(path)
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes_only_ever_raise_format_error(blob):
+    try:
+        fq.load_bytes(blob)
+    except fq.FormatError:
+        pass
+
+
+@given(st.data())
+def test_bit_flips_in_a_valid_file_only_raise_format_error(data):
+    good = bytearray(blockwise_file())
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(good) - 1))
+        good[i] ^= 1 << data.draw(st.integers(0, 7))
+    try:
+        out = fq.load_bytes(bytes(good))
+    except fq.FormatError:
+        return
+    assert isinstance(out, dict)

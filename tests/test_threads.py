@@ -1,0 +1,168 @@
+"""Threads: the pool, thread-count independence, GIL release, fork, environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ferroquant as fq
+
+
+def run_python(code: str, env_extra=None, timeout=120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_set_and_get_num_threads(restore_threads):
+    fq.set_num_threads(1)
+    assert fq.get_num_threads() == 1
+    fq.set_num_threads(3)
+    assert fq.get_num_threads() == 3
+    with pytest.raises(fq.InvalidConfigError, match="n must be an integer >= 1"):
+        fq.set_num_threads(0)
+    with pytest.raises(TypeError):
+        fq.set_num_threads(2.0)  # type: ignore[arg-type]
+    assert fq.get_num_threads() == 3
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_results_do_not_depend_on_thread_count(restore_threads, rng, dtype):
+    x = (rng.standard_normal(1_500_007) * 5).astype(dtype)
+    results = []
+    for n in (1, 2, 3):
+        fq.set_num_threads(n)
+        q = fq.quantize_blockwise(x, 48)
+        results.append((q, fq.dequantize_blockwise(q).tobytes()))
+    assert results[0] == results[1] == results[2]
+
+
+def test_kernels_release_the_gil(restore_threads):
+    """While one thread sits in a long kernel call, a pure-Python thread keeps running.
+
+    The pure-Python thread timestamps its iterations; if a kernel held the GIL,
+    the largest gap between them would span a whole kernel call. Durations are
+    compared with each other in one run, never with a fixed time.
+    """
+    fq.set_num_threads(1)
+    x = np.random.default_rng(0).standard_normal(24_000_000).astype(np.float32)
+    fq.quantize_blockwise(x)  # warm up: pool, page faults
+    durations = []
+    for _ in range(3):
+        t = time.perf_counter()
+        fq.quantize_blockwise(x)
+        durations.append(time.perf_counter() - t)
+    call = sorted(durations)[1]
+
+    def worst_gap():
+        stop = threading.Event()
+        stamps = []
+
+        def spin():
+            while not stop.is_set():
+                stamps.append(time.perf_counter())
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        for _ in range(4):
+            fq.quantize_blockwise(x)
+        stop.set()
+        spinner.join()
+        return float(np.max(np.diff(stamps))) if len(stamps) > 1 else float("inf")
+
+    gaps = [worst_gap() for _ in range(3)]
+    assert min(gaps) < 0.5 * call, (gaps, call)
+
+
+def test_thread_env_sets_the_pool_size():
+    out = run_python(
+        "import ferroquant as fq; print(fq.get_num_threads())",
+        {"FERROQUANT_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
+
+
+def test_bad_thread_env_warns_and_falls_back():
+    out = run_python(
+        "import warnings; warnings.simplefilter('error')\n"
+        "try:\n import ferroquant\nexcept RuntimeWarning as w: print('warned', w)",
+        {"FERROQUANT_NUM_THREADS": "lots"},
+    )
+    assert "warned" in out.stdout and "FERROQUANT_NUM_THREADS" in out.stdout
+
+
+def test_forked_child_gets_its_own_pool():
+    code = """
+        import os, sys
+        import numpy as np, ferroquant as fq
+        fq.set_num_threads(2)
+        x = np.random.default_rng(1).standard_normal(2_000_000).astype(np.float32)
+        want = fq.quantize_blockwise(x)          # the parent's pool now exists
+        pid = os.fork()
+        if pid == 0:
+            ok = fq.quantize_blockwise(x) == want and fq.get_num_threads() == 2
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        print("parent", fq.quantize_blockwise(x) == want)
+    """
+    out = run_python(code, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["child", "0", "parent", "True"]
+
+
+def test_multiprocessing_fork_pool_works():
+    code = """
+        import multiprocessing as mp
+        import numpy as np, ferroquant as fq
+
+        def work(seed):
+            x = np.random.default_rng(seed).standard_normal(300_000).astype(np.float32)
+            return fq.quantize_blockwise(x).data.sum(dtype=np.int64)
+
+        if __name__ == "__main__":
+            fq.set_num_threads(2)
+            work(0)
+            with mp.get_context("fork").Pool(2) as p:
+                got = p.map(work, range(4))
+            print(got == [work(s) for s in range(4)])
+    """
+    out = run_python(code, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+
+
+def test_scalar_path_matches_the_detected_isa(tmp_path, rng):
+    """FERROQUANT_SIMD=scalar forces the portable kernels; results are identical."""
+    x = (rng.standard_normal(200_003) * 3).astype(np.float32)
+    x[::7] = np.round(x[::7]) + 0.5  # rounding ties
+    np.save(tmp_path / "x.npy", x)
+    code = f"""
+        import numpy as np, ferroquant as fq
+        x = np.load({str(tmp_path / "x.npy")!r})
+        q = fq.quantize_blockwise(x, 33)
+        np.savez({str(tmp_path / "out.npz")!r}, d=q.data, s=q.scales, y=fq.dequantize_blockwise(q))
+        print(fq.simd_isa())
+    """
+    out = run_python(code, {"FERROQUANT_SIMD": "scalar"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "scalar"
+    got = np.load(tmp_path / "out.npz")
+    q = fq.quantize_blockwise(x, 33)
+    assert got["d"].tobytes() == q.data.tobytes()
+    assert got["s"].tobytes() == q.scales.tobytes()
+    assert got["y"].tobytes() == fq.dequantize_blockwise(q).tobytes()
