@@ -32,6 +32,9 @@
 //! assert!((y[0] - x[0]).abs() < 0.1);
 //! ```
 
+// `unsafe` is confined to src/simd/ (which allows it) and checked by the compiler.
+#![deny(unsafe_code)]
+
 pub mod element;
 pub mod error;
 pub mod ops;

@@ -11,6 +11,8 @@
 //! right instructions. The scalar implementation is the executable spec;
 //! every other path reproduces it bit for bit (tests/simd_parity.rs).
 
+#![allow(unsafe_code)]
+
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
