@@ -16,7 +16,7 @@
 //!   `f16` and `bf16` input in place.
 //! - [`error`]: the one error enum, [`QuantError`].
 //! - `bindings` (feature `python`): the PyO3 glue, the only module that names
-//!   `pyo3` or `numpy`.
+//!   PyO3 or rust-numpy.
 //!
 //! ```
 //! use ferroquant::ops::blockwise::{quantize_blockwise, dequantize_blockwise, ScalesMut, Scales};
