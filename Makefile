@@ -5,7 +5,7 @@ dev:            ## build and install the package in this environment
 	pip install -e '.[test]'
 
 test:           ## all tests: Rust (kernels, SIMD parity, golden) and Python
-	cargo test --all-targets && python -m pytest
+	cargo test && python -m pytest
 
 lint:           ## formatting, clippy, ruff, mypy stubtest, pyo3 boundary (unsafe: #![deny(unsafe_code)])
 	cargo fmt --check

@@ -4,6 +4,16 @@ from typing import List, Tuple
 import numpy as np
 import numpy.typing as npt
 
+__all__ = [
+    "__version__",
+    "dequantize_blockwise",
+    "get_num_threads",
+    "quantize_blockwise",
+    "set_num_threads",
+    "simd_isa",
+    "supported_isas",
+]
+
 __version__: str
 
 def quantize_blockwise(
