@@ -73,6 +73,9 @@ def onnx_sessions(n: int, threads: int) -> Optional[Dict[str, Callable[..., obje
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    # ORT's workers spin-wait after each run by default; in an interleaved benchmark
+    # on few cores they would steal the CPU from whatever runs next (ferroquant too).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
     def session(graph, opset):
         model = helper.make_model(
