@@ -3,8 +3,9 @@
 //! (`cargo run --example write_golden`, or `make golden`).
 //!
 //! Each case `c{i}` stores `c{i}.x` (the input, in its own dtype),
-//! `c{i}.codes`, `c{i}.scales` and `c{i}.deq`; the metadata entry `c{i}` holds
-//! its JSON parameters (shape, block_size, scale_dtype, lossy_blocks).
+//! `c{i}.codes`, `c{i}.scales` and `c{i}.deq`; the one metadata entry `cases`
+//! is a JSON array of each case's parameters (name, shape, block_size,
+//! scale_dtype, lossy_blocks), one key so that the file is byte-reproducible.
 
 use ferroquant::ops::blockwise::{
     dequantize_blockwise, num_blocks, quantize_blockwise, Scales, ScalesMut,
@@ -14,19 +15,10 @@ use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 
-/// xorshift64*: deterministic, so the file only changes when the kernels do.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn f32(&mut self, scale: f32) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
-    }
-}
+// The parity tests' generator: deterministic, so the file only changes when the kernels do.
+#[path = "../tests/common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Mixed values: noise, exact .5 ties (block max pinned to 127), near-ties, zeros.
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -37,7 +29,7 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
             1 => ((r.next() % 254) as f32 - 127.0 + 0.5) * scale,
             2 => f32::from_bits(0.5f32.to_bits() - 1) * scale,
             3 => 0.0,
-            _ => r.f32(100.0 * scale),
+            _ => (r.unit() - 0.5) * 200.0 * scale,
         })
         .collect()
 }
@@ -96,7 +88,7 @@ fn run<T: Float>(
         bytes(&deq, |v| v.to_le_bytes().to_vec()),
     ));
     format!(
-        r#"{{"shape": {:?}, "block_size": {}, "scale_dtype": "{}", "lossy_blocks": {}}}"#,
+        r#"{{"case": "c{i}", "shape": {:?}, "block_size": {}, "scale_dtype": "{}", "lossy_blocks": {}}}"#,
         case.shape,
         case.block,
         if case.f32_scales {
@@ -175,7 +167,7 @@ fn main() {
     });
 
     let mut tensors = Vec::new();
-    let mut meta = HashMap::new();
+    let mut params = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let raw = &case.x.1;
         let json = match case.x.0 {
@@ -214,7 +206,7 @@ fn main() {
             _ => unreachable!(),
         };
         tensors.push((format!("c{i}.x"), case.x.0, case.shape.clone(), raw.clone()));
-        meta.insert(format!("c{i}"), json);
+        params.push(json);
     }
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
@@ -229,6 +221,7 @@ fn main() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/golden/blockwise.safetensors"
     );
+    let meta = HashMap::from([("cases".to_string(), format!("[{}]", params.join(", ")))]);
     safetensors::serialize_to_file(views, Some(meta), std::path::Path::new(path)).unwrap();
     println!("wrote {path} ({} cases)", cases.len());
 }

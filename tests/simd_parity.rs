@@ -12,19 +12,9 @@ use ferroquant::QuantError;
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-/// Small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Values that stress rounding: ties and near-ties of a power-of-two scale,
 /// subnormals, signed zeros, ordinary noise.

@@ -22,9 +22,8 @@ GOLDEN = Path(__file__).parent / "golden" / "blockwise.safetensors"
 
 def _cases():
     with safe_open(str(GOLDEN), framework="np") as f:
-        meta = f.metadata()
-        for case in sorted(meta):
-            params = json.loads(meta[case])
+        for params in json.loads(f.metadata()["cases"]):
+            case = params["case"]
             arrays = {k: f.get_tensor(f"{case}.{k}") for k in ("x", "codes", "scales", "deq")}
             yield pytest.param(params, arrays, id=f"{case}-{arrays['x'].dtype}")
 
