@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import ml_dtypes
@@ -332,3 +335,24 @@ def test_dequantize_rejects_other_types():
 def test_simd_isa_reports_a_supported_choice():
     assert fq.simd_isa() in fq.supported_isas()
     assert fq.supported_isas()[0] == "scalar"
+
+
+def test_a_foreign_dtype_named_bfloat16_is_a_type_error_not_a_panic():
+    # rust-numpy resolves bf16 by the name "bfloat16" and panics if numpy cannot;
+    # here (no ml_dtypes imported) a look-alike dtype must get a TypeError instead.
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from ferroquant import _ferroquant as native
+        class bfloat16(np.void):
+            pass
+        a = np.zeros(3, np.dtype((bfloat16, 2)))
+        try:
+            native.quantize_blockwise(a, 64, False)
+        except BaseException as e:
+            print(type(e).__name__, e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("TypeError x must have dtype"), out.stdout + out.stderr

@@ -107,13 +107,8 @@ def _entry_json(name: str, value: Quantized) -> Tuple[str, Dict[str, np.ndarray]
     return json.dumps(entry), {names[role]: arr for role, arr in arrays.items()}
 
 
-def _flatten(
-    tensors: Mapping[str, Entry], metadata: Optional[Mapping[str, str]]
-) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}"
-        )
+def _user_metadata(metadata: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """Check caller metadata: str -> str, no key in ferroquant's reserved namespace."""
     meta: Dict[str, str] = {}
     for k, v in (metadata or {}).items():
         if not isinstance(k, str) or not isinstance(v, str):
@@ -121,6 +116,18 @@ def _flatten(
         if k.startswith(_ENTRY_PREFIX):
             raise ValueError(f"metadata key {k!r} is reserved (prefix {_ENTRY_PREFIX!r})")
         meta[k] = v
+    return meta
+
+
+def _flatten(
+    tensors: Mapping[str, Entry], metadata: Optional[Mapping[str, str]]
+) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """Split values into the arrays to store and the header metadata describing them."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}"
+        )
+    meta = _user_metadata(metadata)
     flat: Dict[str, np.ndarray] = {}
 
     def put(key: str, arr: np.ndarray) -> None:
@@ -337,7 +344,7 @@ class StreamingWriter:
 
     def __init__(self, path: PathLike, metadata: Optional[Mapping[str, str]] = None) -> None:
         self._path = os.fspath(path)
-        self._meta: Dict[str, str] = dict(_flatten({}, metadata)[1])
+        self._meta = _user_metadata(metadata)
         self._spill: IO[bytes] = tempfile.TemporaryFile(
             dir=os.path.dirname(os.path.abspath(self._path)) or None
         )

@@ -3,8 +3,8 @@
 use super::errors::dtype_error;
 use half::{bf16, f16};
 use numpy::{
-    dtype, Element, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn,
-    PyUntypedArray, PyUntypedArrayMethods,
+    dtype, Element, PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods,
+    PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -67,16 +67,16 @@ impl<'py> FloatArray<'py> {
         if dt.is_equiv_to(&dtype::<f16>(py)) {
             return Ok(FloatArray::F16(readonly(arg, x)?));
         }
-        // Probe bfloat16 only when the array claims to be one: rust-numpy looks
-        // the dtype up by name and cannot be asked without ml_dtypes installed.
-        let is_bf16 = dt
-            .typeobj()
-            .name()
-            .map(|n| n == "bfloat16")
-            .unwrap_or(false)
-            && dt.itemsize() == 2;
-        if is_bf16 {
-            return Ok(FloatArray::BF16(readonly(arg, x)?));
+        // rust-numpy resolves bf16 as `numpy.dtype("bfloat16")` and panics if that
+        // lookup fails, so resolve it here first (it works once ml_dtypes is
+        // imported): only an array of exactly that registered dtype is read as bf16.
+        if dt.itemsize() == 2 {
+            let registered = py.import("numpy")?.call_method1("dtype", ("bfloat16",));
+            if let Ok(bf16_dtype) = registered.and_then(|d| Ok(d.cast_into::<PyArrayDescr>()?)) {
+                if dt.is_equiv_to(&bf16_dtype) {
+                    return Ok(FloatArray::BF16(readonly(arg, x)?));
+                }
+            }
         }
         Err(dtype_error(
             arg,

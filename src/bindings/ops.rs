@@ -6,8 +6,9 @@ use super::errors::{dtype_error, to_pyerr};
 use crate::ops::blockwise::{self as bw, num_blocks, Scales, ScalesMut};
 use crate::parallel;
 use crate::simd::Isa;
+use crate::Float;
 use half::f16;
-use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{Element, PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 /// `(codes, scales, lossy_blocks)` for the flattened `x`; scales are float16
@@ -22,27 +23,32 @@ pub(crate) fn quantize_blockwise<'py>(
 ) -> PyResult<(Bound<'py, PyArray1<i8>>, Bound<'py, PyAny>, usize)> {
     let x = FloatArray::extract("x", x)?;
     with_float_slice!(x, xs => {
-        let nb = num_blocks(xs.len(), block_size);
         let codes = output::<i8>(py, xs.len());
-        let mut cw = writable(&codes)?;
-        let cs = cw.as_slice_mut()?;
-        let (scales, report) = if f32_scales {
-            let scales = output::<f32>(py, nb);
-            let mut sw = writable(&scales)?;
-            let ss = sw.as_slice_mut()?;
-            let r = py.detach(|| bw::quantize_blockwise(xs, block_size, cs, ScalesMut::F32(ss)));
-            (scales.into_any(), r)
+        let (scales, lossy) = if f32_scales {
+            blockwise_into(py, xs, block_size, &codes, |s| ScalesMut::F32(s))?
         } else {
-            let scales = output::<f16>(py, nb);
-            let mut sw = writable(&scales)?;
-            let ss = sw.as_slice_mut()?;
-            let r = py.detach(|| bw::quantize_blockwise(xs, block_size, cs, ScalesMut::F16(ss)));
-            (scales.into_any(), r)
+            blockwise_into(py, xs, block_size, &codes, |s| ScalesMut::F16(s))?
         };
-        let report = report.map_err(|e| to_pyerr(py, e))?;
-        drop(cw);
-        Ok((codes, scales, report.lossy_blocks))
+        Ok((codes, scales, lossy))
     })
+}
+
+/// Quantize into `codes` and a new scale array of element type `S`, GIL released.
+fn blockwise_into<'py, T: Float, S: Element>(
+    py: Python<'py>,
+    xs: &[T],
+    block_size: usize,
+    codes: &Bound<'py, PyArray1<i8>>,
+    wrap: fn(&mut [S]) -> ScalesMut<'_>,
+) -> PyResult<(Bound<'py, PyAny>, usize)> {
+    let scales = output::<S>(py, num_blocks(xs.len(), block_size));
+    let mut cw = writable(codes)?;
+    let mut sw = writable(&scales)?;
+    let (cs, ss) = (cw.as_slice_mut()?, sw.as_slice_mut()?);
+    let report = py
+        .detach(|| bw::quantize_blockwise(xs, block_size, cs, wrap(ss)))
+        .map_err(|e| to_pyerr(py, e))?;
+    Ok((scales.into_any(), report.lossy_blocks))
 }
 
 /// Flat float32 dequantization of blockwise `codes` with float16 or float32 `scales`.
@@ -83,7 +89,6 @@ pub(crate) fn dequantize_blockwise<'py>(
         }
     }
     .map_err(|e| to_pyerr(py, e))?;
-    drop(ow);
     Ok(out)
 }
 
