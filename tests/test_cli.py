@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
@@ -35,6 +36,7 @@ def model(tmp_path, rng) -> Path:
         "embeddings.word": rng.standard_normal((50, 16)).astype(np.float16),
         "conv.weight": rng.standard_normal((4, 3, 3, 3)).astype(np.float64),
         "position_ids": np.arange(12, dtype=np.int64).reshape(1, 12),
+        "lm_head.weight": rng.standard_normal((20, 64)).astype(ml_dtypes.bfloat16),
     }
     stn.save_file(tensors, str(path), metadata={"format": "pt"})
     return path
@@ -46,12 +48,12 @@ def test_quantize_inspect_dequantize(tmp_path, model):
     assert r.returncode == 0, r.stderr
     for name in ("encoder.layer.0.weight", "embeddings.word", "conv.weight", "position_ids"):
         assert name in r.stdout
-    assert "3 of 5 tensors quantized with blockwise8" in r.stdout
+    assert "4 of 6 tensors quantized with blockwise8" in r.stdout
     assert "max|err|" in r.stdout and "mean|err|" in r.stdout
 
     src = stn.load_file(str(model))
     got = fq.load(out)
-    for name in ("encoder.layer.0.weight", "embeddings.word", "conv.weight"):
+    for name in ("encoder.layer.0.weight", "embeddings.word", "conv.weight", "lm_head.weight"):
         assert got[name] == fq.quantize_blockwise(src[name], 32)
     np.testing.assert_array_equal(got["position_ids"], src["position_ids"])
     np.testing.assert_array_equal(got["encoder.layer.0.bias"], src["encoder.layer.0.bias"])
@@ -156,3 +158,15 @@ def test_a_non_finite_tensor_fails_cleanly_without_output(tmp_path, rng):
     assert r.returncode == 1
     assert "non-finite" in r.stderr and "index 34" in r.stderr
     assert not out.exists()
+
+
+def test_error_stats_match_a_direct_computation(rng):
+    from ferroquant.cli import error_stats
+
+    a = rng.standard_normal((7, 1001)).astype(np.float32)
+    b = (a + rng.standard_normal(a.shape).astype(np.float32) * 1e-3).astype(np.float32)
+    d = np.abs(b.astype(np.float64) - a.astype(np.float64))
+    worst, mean = error_stats(a, b, step=1000)  # several chunks and a short last one
+    assert worst == d.max()
+    assert mean == pytest.approx(d.mean(), rel=1e-12)  # chunked sum: same terms, other order
+    assert error_stats(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)) == (0.0, 0.0)

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,6 +61,23 @@ def _table(rows: List[List[str]], header: List[str]) -> str:
         c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
     )
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def error_stats(
+    original: np.ndarray, restored: np.ndarray, step: int = 1 << 20
+) -> Tuple[float, float]:
+    """Max and mean |restored - original|, in float64, a slice at a time.
+
+    Chunked so that the statistics never need more than a few MiB beside the
+    tensor itself, which keeps the command's memory near the largest tensor.
+    """
+    a, b = original.reshape(-1), restored.reshape(-1)
+    worst, total = 0.0, 0.0
+    for i in range(0, a.size, step):
+        d = np.abs(b[i : i + step].astype(np.float64) - a[i : i + step].astype(np.float64))
+        worst = max(worst, float(d.max()))
+        total += float(d.sum())
+    return worst, total / a.size if a.size else 0.0
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -110,7 +127,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 q = quantizer.quantize(arr)
                 ms = (time.perf_counter() - t0) * 1e3
-                err = np.abs(quantizer.dequantize(q).astype(np.float64) - arr.astype(np.float64))
+                max_err, mean_err = error_stats(arr, quantizer.dequantize(q))
                 writer.add(name, q)
                 out_bytes += q.nbytes
                 rows.append(
@@ -119,8 +136,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                         "x".join(map(str, arr.shape)),
                         quantizer.name,
                         f"{arr.nbytes / q.nbytes:.2f}x",
-                        f"{err.max():.3e}",
-                        f"{err.mean():.3e}",
+                        f"{max_err:.3e}",
+                        f"{mean_err:.3e}",
                         f"{ms:.2f}",
                     ]
                 )
