@@ -4,7 +4,7 @@
 //! read where it lies and converted to the kernel's working precision element
 //! by element (in small staged runs), never up-cast as a whole first.
 
-use half::slice::HalfFloatSliceExt;
+use crate::simd::{self, Isa};
 use half::{bf16, f16};
 
 mod private {
@@ -28,11 +28,10 @@ pub trait Float: Copy + Send + Sync + 'static + private::Sealed {
     /// Convert to f64 (exact for every type but f64 itself, where it is the identity).
     fn to_f64(self) -> f64;
 
-    /// Convert a run to f32; `dst.len()` must equal `src.len()`.
-    ///
-    /// Uses the hardware conversion (F16C, cvtpd2ps) where the CPU has it; the
-    /// result is the same as mapping [`Float::to_f32`].
-    fn convert_to_f32(src: &[Self], dst: &mut [f32]);
+    /// Convert a run to f32 over `min(src.len(), dst.len())` elements, with
+    /// `isa`'s conversion instructions (F16C, vcvtpd2ps, ...). The result is
+    /// exactly that of mapping [`Float::to_f32`], whatever the ISA.
+    fn convert_to_f32(isa: Isa, src: &[Self], dst: &mut [f32]);
 
     /// The slice itself when `Self` is `f32`, so f32 kernels read in place.
     fn as_f32_slice(src: &[Self]) -> Option<&[f32]> {
@@ -51,8 +50,9 @@ impl Float for f32 {
     fn to_f64(self) -> f64 {
         self as f64
     }
-    fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
+    fn convert_to_f32(_: Isa, src: &[Self], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        dst[..n].copy_from_slice(&src[..n]);
     }
     fn as_f32_slice(src: &[Self]) -> Option<&[f32]> {
         Some(src)
@@ -69,11 +69,8 @@ impl Float for f64 {
     fn to_f64(self) -> f64 {
         self
     }
-    fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
-        // A plain loop the compiler vectorizes to cvtpd2ps (round to nearest-even).
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = *s as f32;
-        }
+    fn convert_to_f32(isa: Isa, src: &[Self], dst: &mut [f32]) {
+        simd::f64_to_f32(isa, src, dst);
     }
 }
 
@@ -87,8 +84,8 @@ impl Float for f16 {
     fn to_f64(self) -> f64 {
         f16::to_f64(self)
     }
-    fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
+    fn convert_to_f32(isa: Isa, src: &[Self], dst: &mut [f32]) {
+        simd::f16_to_f32(isa, src, dst);
     }
 }
 
@@ -102,8 +99,8 @@ impl Float for bf16 {
     fn to_f64(self) -> f64 {
         bf16::to_f64(self)
     }
-    fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
+    fn convert_to_f32(isa: Isa, src: &[Self], dst: &mut [f32]) {
+        simd::bf16_to_f32(isa, src, dst);
     }
 }
 
@@ -112,10 +109,18 @@ mod tests {
     use super::*;
 
     fn check_slice_matches_scalar<T: Float>(xs: &[T]) {
-        let mut dst = vec![0f32; xs.len()];
-        T::convert_to_f32(xs, &mut dst);
-        for (x, d) in xs.iter().zip(&dst) {
-            assert_eq!(x.to_f32().to_bits(), d.to_bits());
+        for isa in Isa::supported() {
+            // Every prefix length, so vector tails of every size are covered.
+            for n in [0, 1, 7, 15, 16, 17, 31, xs.len()] {
+                let n = n.min(xs.len());
+                let mut dst = vec![-1f32; n];
+                T::convert_to_f32(isa, &xs[..n], &mut dst);
+                for (x, d) in xs.iter().zip(&dst) {
+                    let (want, got) = (x.to_f32(), *d);
+                    // NaN payloads may be quieted differently; NaN input is an error anyway.
+                    assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()));
+                }
+            }
         }
     }
 

@@ -197,3 +197,44 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn conversions_match_scalar_for_every_half_bit_pattern() {
+    let halves: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    let brains: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+    let mut r = Rng(17);
+    let doubles: Vec<f64> = (0..10_007)
+        .map(|i| match i % 4 {
+            0 => f64::from_bits(r.next()),        // anything, NaN and inf included
+            1 => (r.unit() as f64 - 0.5) * 1e-40, // f32 subnormal range
+            2 => f32::MAX as f64 * (1.0 + 1e-9 * i as f64), // overflow to inf
+            _ => (r.unit() as f64 - 0.5) * 1e6 + 1e-9,
+        })
+        .collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let nan_agnostic = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+    };
+    for isa in Isa::supported() {
+        let (mut a, mut b) = (vec![0f32; halves.len()], vec![0f32; halves.len()]);
+        for start in [0usize, 1, 5] {
+            simd::f16_to_f32(isa, &halves[start..], &mut a[start..]);
+            simd::f16_to_f32(Isa::Scalar, &halves[start..], &mut b[start..]);
+            assert!(nan_agnostic(&a, &b), "f16 {isa:?}");
+            simd::bf16_to_f32(isa, &brains[start..], &mut a[start..]);
+            simd::bf16_to_f32(Isa::Scalar, &brains[start..], &mut b[start..]);
+            assert!(nan_agnostic(&a, &b), "bf16 {isa:?}");
+        }
+        let (mut a, mut b) = (vec![0f32; doubles.len()], vec![0f32; doubles.len()]);
+        simd::f64_to_f32(isa, &doubles, &mut a);
+        simd::f64_to_f32(Isa::Scalar, &doubles, &mut b);
+        assert!(nan_agnostic(&a, &b), "f64 {isa:?}");
+        let finite: Vec<u32> = bits(&a)
+            .into_iter()
+            .filter(|&x| x & 0x7f80_0000 != 0x7f80_0000)
+            .collect();
+        assert!(finite.len() > doubles.len() / 2);
+    }
+}

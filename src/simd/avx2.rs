@@ -3,6 +3,7 @@
 
 use super::scalar::{quantize_one, Scalar};
 use super::Kernels;
+use half::{bf16, f16};
 use std::arch::x86_64::*;
 
 /// The AVX2 ISA marker.
@@ -98,5 +99,58 @@ impl Kernels for Avx2 {
         for (o, &c) in oc.into_remainder().iter_mut().zip(qc.remainder()) {
             *o = c as f32 * scale;
         }
+    }
+
+    #[inline(always)]
+    unsafe fn f16_to_f32(x: &[f16], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 and F16C per the Kernels contract; 8 halves (16 bytes) read
+        // from each full chunk, 8 floats written to the matching output chunk.
+        unsafe {
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let h = _mm_loadu_si128(c.as_ptr().cast());
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::f16_to_f32(xc.remainder(), oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 per the Kernels contract; as in f16_to_f32.
+        unsafe {
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let h = _mm_loadu_si128(c.as_ptr().cast());
+                let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_castsi256_ps(w));
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::bf16_to_f32(xc.remainder(), oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(4);
+        let mut oc = out.chunks_exact_mut(4);
+        // SAFETY: AVX2 per the Kernels contract; 4 doubles per full chunk.
+        unsafe {
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let f = _mm256_cvtpd_ps(_mm256_loadu_pd(c.as_ptr()));
+                _mm_storeu_ps(o.as_mut_ptr(), f);
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::f64_to_f32(xc.remainder(), oc.into_remainder()) };
     }
 }

@@ -2,6 +2,7 @@
 //! so a block of any length runs without a scalar remainder loop.
 
 use super::Kernels;
+use half::{bf16, f16};
 use std::arch::x86_64::*;
 
 /// The AVX-512 ISA marker.
@@ -113,6 +114,73 @@ impl Kernels for Avx512 {
                 let b = _mm_maskz_loadu_epi8(k, rest.as_ptr());
                 let f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
                 _mm512_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, _mm512_mul_ps(f, s));
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f16_to_f32(x: &[f16], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        // SAFETY: AVX-512F/BW/VL per the Kernels contract; 16 halves (32 bytes) are
+        // read from each full chunk, the tail through a mask of its length.
+        unsafe {
+            let mut xc = x.chunks_exact(16);
+            let mut oc = out.chunks_exact_mut(16);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let h = _mm256_loadu_si256(c.as_ptr().cast());
+                _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtph_ps(h));
+            }
+            let rest = xc.remainder();
+            if !rest.is_empty() {
+                let k = tail_mask(rest.len());
+                let h = _mm256_maskz_loadu_epi16(k, rest.as_ptr().cast());
+                _mm512_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, _mm512_cvtph_ps(h));
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        // SAFETY: as in f16_to_f32. bfloat16 is the top half of an f32: widen, shift.
+        unsafe {
+            let mut xc = x.chunks_exact(16);
+            let mut oc = out.chunks_exact_mut(16);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let h = _mm256_loadu_si256(c.as_ptr().cast());
+                let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+                _mm512_storeu_ps(o.as_mut_ptr(), _mm512_castsi512_ps(w));
+            }
+            let rest = xc.remainder();
+            if !rest.is_empty() {
+                let k = tail_mask(rest.len());
+                let h = _mm256_maskz_loadu_epi16(k, rest.as_ptr().cast());
+                let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+                _mm512_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, _mm512_castsi512_ps(w));
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        // SAFETY: AVX-512F per the Kernels contract; 8 doubles per full chunk, the
+        // tail through a mask. vcvtpd2ps rounds to nearest even, as `as f32` does.
+        unsafe {
+            let mut xc = x.chunks_exact(8);
+            let mut oc = out.chunks_exact_mut(8);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let f = _mm512_cvtpd_ps(_mm512_loadu_pd(c.as_ptr()));
+                _mm256_storeu_ps(o.as_mut_ptr(), f);
+            }
+            let rest = xc.remainder();
+            if !rest.is_empty() {
+                let k = ((1u32 << rest.len()) - 1) as __mmask8;
+                let f = _mm512_cvtpd_ps(_mm512_maskz_loadu_pd(k, rest.as_ptr()));
+                _mm256_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, f);
             }
         }
     }

@@ -20,6 +20,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+use half::{bf16, f16};
 use std::sync::OnceLock;
 
 /// Bits of `+inf` in f32: an absolute value's bits at or above this are non-finite.
@@ -30,7 +31,7 @@ pub const F32_INF_BITS: u32 = 0x7f80_0000;
 pub enum Isa {
     /// Portable Rust; the reference every other path must equal.
     Scalar,
-    /// x86-64 AVX2 (256-bit).
+    /// x86-64 AVX2 with F16C (256-bit; every AVX2 CPU has F16C).
     Avx2,
     /// x86-64 AVX-512 F/BW/VL (512-bit, masked tails).
     Avx512,
@@ -51,7 +52,10 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
@@ -117,6 +121,12 @@ pub(crate) trait Kernels {
     unsafe fn quantize_scaled(x: &[f32], scale: f32, out: &mut [i8]);
     /// `out[i] = q[i] as f32 * scale`, over `min(len)`.
     unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]);
+    /// `out[i] = f32(x[i])`, exact, over `min(len)`.
+    unsafe fn f16_to_f32(x: &[f16], out: &mut [f32]);
+    /// `out[i] = f32(x[i])`, exact, over `min(len)`.
+    unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]);
+    /// `out[i] = x[i] as f32` (round to nearest even), over `min(len)`.
+    unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]);
 }
 
 /// Seed 000's blockwise loop over f32 (kwaai-compression `BlockwiseQuantizer::compress`).
@@ -181,9 +191,9 @@ macro_rules! dispatch {
                 }
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => {
-                    #[target_feature(enable = "avx2")]
+                    #[target_feature(enable = "avx2,f16c")]
                     unsafe fn entry($($arg: $ty),*) -> $ret {
-                        // SAFETY: compiled with AVX2, which the kernels use.
+                        // SAFETY: compiled with AVX2 and F16C, which the kernels use.
                         unsafe { $generic::<avx2::Avx2>($($arg),*) }
                     }
                     // SAFETY: `usable()` returned Avx2, so the CPU supports it.
@@ -251,3 +261,31 @@ mod tests {
         }
     }
 }
+
+/// Generic wrappers so the conversions dispatch like the kernels.
+macro_rules! conversion {
+    ($(#[$doc:meta])* $name:ident, $generic:ident, $t:ty) => {
+        #[inline(always)]
+        unsafe fn $generic<K: Kernels>(x: &[$t], out: &mut [f32]) {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { K::$name(x, out) }
+        }
+        dispatch! {
+            $(#[$doc])*
+            pub fn $name = $generic(x: &[$t], out: &mut [f32]) -> ();
+        }
+    };
+}
+
+conversion!(
+    /// float16 -> float32 (exact), over `min(len)`.
+    f16_to_f32, f16_to_f32_generic, f16
+);
+conversion!(
+    /// bfloat16 -> float32 (exact), over `min(len)`.
+    bf16_to_f32, bf16_to_f32_generic, bf16
+);
+conversion!(
+    /// float64 -> float32 (round to nearest even, as `as f32`), over `min(len)`.
+    f64_to_f32, f64_to_f32_generic, f64
+);

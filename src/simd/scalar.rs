@@ -2,6 +2,7 @@
 
 use super::Kernels;
 use crate::round::round_f32;
+use half::{bf16, f16};
 
 /// The scalar ISA marker.
 pub(crate) struct Scalar;
@@ -46,6 +47,27 @@ impl Kernels for Scalar {
     unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]) {
         for (o, &c) in out.iter_mut().zip(q) {
             *o = c as f32 * scale;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f16_to_f32(x: &[f16], out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v.to_f32();
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v.to_f32();
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v as f32;
         }
     }
 }
