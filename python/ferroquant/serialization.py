@@ -36,6 +36,7 @@ from typing import (
     Union,
 )
 
+import ml_dtypes
 import numpy as np
 from safetensors import TensorSpec, deserialize, safe_open, serialize, serialize_file
 
@@ -58,8 +59,10 @@ Quantized = Union[BlockwiseQuantized]
 Entry = Union[Quantized, np.ndarray]
 PathLike = Union[str, "os.PathLike[str]"]
 
-# safetensors dtype tags -> numpy dtypes (BF16 needs ml_dtypes, looked up lazily).
+# safetensors dtype tags -> numpy dtypes. Importing ml_dtypes also registers the
+# "bfloat16" dtype that safe_open needs to read BF16 tensors.
 _ST_DTYPES: Dict[str, Any] = {
+    "BF16": ml_dtypes.bfloat16,
     "BOOL": np.bool_,
     "U8": np.uint8,
     "I8": np.int8,
@@ -73,14 +76,6 @@ _ST_DTYPES: Dict[str, Any] = {
     "F32": np.float32,
     "F64": np.float64,
 }
-
-
-def _bfloat16() -> Any:
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise FormatError("file holds bfloat16 tensors: install ml_dtypes to read them") from None
-    return ml_dtypes.bfloat16
 
 
 def _storable(arr: np.ndarray, name: str) -> np.ndarray:
@@ -247,7 +242,7 @@ def _freeze(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-class _Reader:
+class TensorReader:
     """A safetensors file opened for lazy reads, every parser error mapped to FormatError."""
 
     def __init__(self, path: PathLike) -> None:
@@ -263,19 +258,9 @@ class _Reader:
 
     def get(self, name: str) -> np.ndarray:
         try:
-            if self._f.get_slice(name).get_dtype() == "BF16":
-                _bfloat16()  # a clear FormatError if ml_dtypes is missing
             return _freeze(self._f.get_tensor(name))
-        except FormatError:
-            raise
         except Exception as e:
             raise FormatError(f"{self.path}: cannot read tensor {name!r}: {e}") from None
-
-    def dtype_tag(self, name: str) -> str:
-        return str(self._f.get_slice(name).get_dtype())
-
-    def shape(self, name: str) -> List[int]:
-        return list(self._f.get_slice(name).get_shape())
 
     def entries(self) -> Iterator[Tuple[str, Entry]]:
         """Yield (name, value) one at a time (quantized values are rebuilt)."""
@@ -292,7 +277,7 @@ def load(path: PathLike) -> Dict[str, Entry]:
         FileNotFoundError / PermissionError / IsADirectoryError: as ``open`` would.
         FormatError: the file is truncated, corrupt, or its entries are inconsistent.
     """
-    return dict(_Reader(path).entries())
+    return dict(TensorReader(path).entries())
 
 
 def load_bytes(data: bytes) -> Dict[str, Entry]:
@@ -307,7 +292,7 @@ def load_bytes(data: bytes) -> Dict[str, Entry]:
     arrays: Dict[str, np.ndarray] = {}
     for name, info in flat:
         tag = info["dtype"]
-        dt = _bfloat16() if tag == "BF16" else _ST_DTYPES.get(tag)
+        dt = _ST_DTYPES.get(tag)
         if dt is None:
             raise FormatError(f"tensor {name!r} has dtype {tag}, which ferroquant does not read")
         # safetensors data is little-endian, as is every host ferroquant's wheels target.
