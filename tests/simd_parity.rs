@@ -238,3 +238,37 @@ fn conversions_match_scalar_for_every_half_bit_pattern() {
         assert!(finite.len() > doubles.len() / 2);
     }
 }
+
+#[test]
+fn the_reported_error_does_not_depend_on_the_thread_count() {
+    // Tasks hit different problems: an f16 overflow early, non-finite values later.
+    // Whatever the split, non-finite wins and names its first index; with only
+    // overflows, the first overflowing block is named.
+    let n = 1 << 20;
+    let mut x = adversarial(n, 23);
+    x[1000] = 2e7; // overflows an f16 scale (block 15)
+    x[600_000] = f32::NAN;
+    x[900_000] = f32::INFINITY;
+    let mut only_overflow = adversarial(n, 24);
+    only_overflow[700_001] = -3e7;
+    only_overflow[300_000] = 1e7;
+    let run = |x: &[f32]| {
+        let mut c = vec![0i8; n];
+        let mut s = vec![f16::ZERO; num_blocks(n, 64)];
+        quantize_blockwise_with(Isa::detected(), x, 64, &mut c, ScalesMut::F16(&mut s)).unwrap_err()
+    };
+    for threads in [1, 2, 3, 7] {
+        ferroquant::parallel::set_num_threads(threads).unwrap();
+        assert_eq!(
+            run(&x),
+            QuantError::NonFinite {
+                arg: "x",
+                index: 600_000
+            }
+        );
+        match run(&only_overflow) {
+            QuantError::ScaleOverflow { block, .. } => assert_eq!(block, 300_000 / 64),
+            other => panic!("expected an overflow, got {other:?}"),
+        }
+    }
+}
