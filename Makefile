@@ -12,6 +12,7 @@ lint:           ## formatting, clippy, ruff, mypy stubtest, pyo3 boundary (unsaf
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --features python -- -D warnings
 	ruff check python tests benches && ruff format --check python tests benches
+	python -m mypy python/ferroquant
 	python -m mypy.stubtest ferroquant._ferroquant
 	! grep -rlE '\bpyo3\b|numpy::' src --include='*.rs' | grep -v '^src/bindings/'
 

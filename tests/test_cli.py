@@ -37,6 +37,7 @@ def model(tmp_path, rng) -> Path:
         "conv.weight": rng.standard_normal((4, 3, 3, 3)).astype(np.float64),
         "position_ids": np.arange(12, dtype=np.int64).reshape(1, 12),
         "lm_head.weight": rng.standard_normal((20, 64)).astype(ml_dtypes.bfloat16),
+        "lm_head.bias": rng.standard_normal(20).astype(ml_dtypes.bfloat16),
     }
     stn.save_file(tensors, str(path), metadata={"format": "pt"})
     return path
@@ -48,7 +49,7 @@ def test_quantize_inspect_dequantize(tmp_path, model):
     assert r.returncode == 0, r.stderr
     for name in ("encoder.layer.0.weight", "embeddings.word", "conv.weight", "position_ids"):
         assert name in r.stdout
-    assert "4 of 6 tensors quantized with blockwise8" in r.stdout
+    assert "4 of 7 tensors quantized with blockwise8" in r.stdout
     assert "max|err|" in r.stdout and "mean|err|" in r.stdout
 
     src = stn.load_file(str(model))
@@ -57,6 +58,8 @@ def test_quantize_inspect_dequantize(tmp_path, model):
         assert got[name] == fq.quantize_blockwise(src[name], 32)
     np.testing.assert_array_equal(got["position_ids"], src["position_ids"])
     np.testing.assert_array_equal(got["encoder.layer.0.bias"], src["encoder.layer.0.bias"])
+    assert got["lm_head.bias"].dtype == ml_dtypes.bfloat16  # copied as is, not up-cast
+    assert got["lm_head.bias"].tobytes() == src["lm_head.bias"].tobytes()
 
     r = cli("inspect", str(out))
     assert r.returncode == 0, r.stderr

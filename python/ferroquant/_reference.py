@@ -28,7 +28,7 @@ def quantize_blockwise(
     n = flat.size
     nb = -(-n // block_size)
     codes = np.zeros(n, np.int8)
-    scales = np.zeros(nb, scale_dtype)
+    scales: np.ndarray = np.zeros(nb, scale_dtype)
     for b in range(nb):
         block = flat[b * block_size : (b + 1) * block_size]
         max_abs = np.max(np.abs(block)) if block.size else F32(0)

@@ -81,7 +81,7 @@ def error_stats(
 
 
 def _progress(total: int, enabled: bool) -> Any:
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     return tqdm(total=total, unit="tensor", disable=not enabled, file=sys.stderr, leave=False)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ class Blockwise8:
 
     block_size: int = 64
     scale_dtype: Any = np.float16
-    name: str = "blockwise8"
+    name: str = field(default="blockwise8", init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_size", positive_int(self.block_size, "block_size"))
@@ -36,8 +36,8 @@ class Blockwise8:
         """:func:`ferroquant.quantize_blockwise` with this quantizer's parameters."""
         return quantize_blockwise(x, self.block_size, self.scale_dtype)
 
-    def dequantize(self, q: BlockwiseQuantized) -> np.ndarray:
-        """:func:`ferroquant.dequantize_blockwise`."""
+    def dequantize(self, q: Any) -> np.ndarray:
+        """:func:`ferroquant.dequantize_blockwise` (TypeError unless a BlockwiseQuantized)."""
         return dequantize_blockwise(q)
 
 

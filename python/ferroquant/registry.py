@@ -13,7 +13,10 @@ __all__ = ["Quantizer", "get_quantizer", "list_quantizers", "register_quantizer"
 class Quantizer(Protocol):
     """Anything with a ``name`` that quantizes an array and dequantizes the result."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The registry name of the scheme (read-only; a plain attribute satisfies it)."""
+        ...
 
     def quantize(self, x: np.ndarray) -> Any:
         """Quantize ``x`` into a frozen result dataclass."""

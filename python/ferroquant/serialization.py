@@ -343,8 +343,9 @@ class StreamingWriter:
             if key in self._index:
                 raise ValueError(f"tensor name {key!r} is used twice")
         for key, arr in flat.items():
-            raw = memoryview(arr).cast("B") if arr.size else b""
-            self._spill.write(raw)
+            # Raw bytes through a uint8 view: memoryview() refuses dtypes it has no
+            # buffer format for (bfloat16), and tobytes() would copy the tensor.
+            self._spill.write(arr.reshape(-1).view(np.uint8).data)
             self._index[key] = (arr.dtype.name, list(arr.shape), self._offset, arr.nbytes)
             self._offset += arr.nbytes
         self._meta.update(meta)
