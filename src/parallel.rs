@@ -11,9 +11,15 @@ use crate::error::{QuantError, Result};
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Inputs with fewer elements than this stay on the calling thread: below it
-/// rayon's hand-off costs more than the work.
-pub const MIN_PARALLEL_ELEMENTS: usize = 1 << 16;
+/// Calls with less work than this stay on the calling thread: below it the
+/// hand-off to the pool (waking its workers, 15-50 µs on the 2-vCPU build VM)
+/// costs more than a second thread saves.
+///
+/// Work is counted in *blockwise-quantize element equivalents* (about 0.2 ns
+/// each on one core there); kernels scale their element counts by their
+/// relative cost. Measured break-even for quantize: 2^18 elements (60 µs one
+/// thread, 49 µs two); at 2^16 the pool made it 1.7x slower.
+pub const MIN_PARALLEL_WORK: usize = 1 << 18;
 
 /// Work per rayon task, in elements, is at least this much.
 pub const MIN_TASK_ELEMENTS: usize = 1 << 14;
@@ -104,11 +110,11 @@ fn pool() -> Option<Arc<ThreadPool>> {
     Some(built)
 }
 
-/// Run `f` on ferroquant's pool when `work` (elements) is large enough to
-/// repay the hand-off, otherwise on the calling thread. `f` receives whether it
-/// runs in parallel, so it can split its work accordingly.
+/// Run `f` on ferroquant's pool when `work` (see [`MIN_PARALLEL_WORK`]) is
+/// large enough to repay the hand-off, otherwise on the calling thread. `f`
+/// receives whether it runs in parallel, so it can split its work accordingly.
 pub fn run<R: Send>(work: usize, f: impl FnOnce(bool) -> R + Send) -> R {
-    if work < MIN_PARALLEL_ELEMENTS {
+    if work < MIN_PARALLEL_WORK {
         return f(false);
     }
     match pool() {
