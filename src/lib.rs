@@ -11,7 +11,8 @@
 //! Layout:
 //! - [`ops`]: the safe public kernel API. Validates once, fuses the
 //!   non-finite check into the first pass, picks the ISA, splits the work.
-//! - [`simd`]: the only home of `unsafe` and `#[target_feature]`.
+//! - [`simd`]: the only module that may opt out of `#![deny(unsafe_code)]`,
+//!   and the only home of `#[target_feature]`.
 //! - [`element`]: the [`Float`] trait that lets kernels read `f32`, `f64`,
 //!   `f16` and `bf16` input in place.
 //! - [`error`]: the one error enum, [`QuantError`].
@@ -32,7 +33,7 @@
 //! assert!((y[0] - x[0]).abs() < 0.1);
 //! ```
 
-// `unsafe` is confined to src/simd/ (which allows it) and checked by the compiler.
+// The compiler keeps raw-pointer code in src/simd/, the one module that allows it.
 #![deny(unsafe_code)]
 
 pub mod element;

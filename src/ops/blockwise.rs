@@ -383,121 +383,130 @@ mod tests {
     }
 
     #[test]
-    fn seed_roundtrip_test() {
+    fn seed_roundtrip_test() -> Result<()> {
         // Seed 000's own test: 0.0, 0.1, ... 25.5 in blocks of 64, error < 0.5.
         let x: Vec<f32> = (0..256).map(|i| i as f32 * 0.1).collect();
-        let (c, s, _) = q16(&x, 64).unwrap();
+        let (c, s, _) = q16(&x, 64)?;
         let mut y = vec![0f32; x.len()];
-        dequantize_blockwise(&c, 64, Scales::F16(&s), &mut y).unwrap();
+        dequantize_blockwise(&c, 64, Scales::F16(&s), &mut y)?;
         for (a, b) in x.iter().zip(&y) {
             assert!((a - b).abs() < 0.5);
         }
         let ratio = (4 * x.len()) as f32 / (x.len() + 2 * s.len()) as f32;
         assert!(ratio > 3.0);
+        Ok(())
     }
 
     #[test]
-    fn codes_follow_the_seed_formula() {
+    fn codes_follow_the_seed_formula() -> Result<()> {
         // Block 0: max 254 -> scale exactly 2; block 1: max 127 -> scale 1.
         let x = [1.0f32, -3.0, 5.0, 254.0, 0.0, -127.0, 63.5];
-        let (c, s, r) = q16(&x, 4).unwrap();
+        let (c, s, r) = q16(&x, 4)?;
         assert_eq!(s, vec![f16::from_f32(2.0), f16::ONE]);
         // 0.5 -> 1, -1.5 -> -2, 2.5 -> 3: ties round away from zero.
         assert_eq!(&c[..4], &[1, -2, 3, 127]);
         assert_eq!(&c[4..], &[0, -127, 64]);
         assert_eq!(r.lossy_blocks, 0);
+        Ok(())
     }
 
     #[test]
-    fn all_zero_block_has_scale_one() {
-        let (c, s, _) = q16(&[0.0; 5], 5).unwrap();
+    fn all_zero_block_has_scale_one() -> Result<()> {
+        let (c, s, _) = q16(&[0.0; 5], 5)?;
         assert_eq!(c, vec![0; 5]);
         assert_eq!(s, vec![f16::ONE]);
+        Ok(())
     }
 
     #[test]
-    fn underflowed_scale_gives_zero_codes_and_counts_as_lossy() {
+    fn underflowed_scale_gives_zero_codes_and_counts_as_lossy() -> Result<()> {
         let tiny = f32::from_bits(1); // 1.4e-45: tiny / 127 == 0 in f32
-        let (c, s, r) = q16(&[tiny, -tiny, 0.0], 3).unwrap();
+        let (c, s, r) = q16(&[tiny, -tiny, 0.0], 3)?;
         assert_eq!(c, vec![0, 0, 0]);
         assert_eq!(s[0], f16::ZERO);
         assert_eq!(r.lossy_blocks, 1);
+        Ok(())
     }
 
     #[test]
-    fn small_scales_are_reported_lossy() {
+    fn small_scales_are_reported_lossy() -> Result<()> {
         let x = [1e-3f32, 1.0, 5e-4, 2.0];
-        let (_, _, r) = q16(&x, 1).unwrap();
+        let (_, _, r) = q16(&x, 1)?;
         assert_eq!(r.lossy_blocks, 2);
+        Ok(())
     }
 
     #[test]
-    fn f16_overflow_is_an_error_and_f32_scales_are_fine() {
+    fn f16_overflow_is_an_error_and_f32_scales_are_fine() -> Result<()> {
         let x = [1.0f32, 9e6, 2.0];
-        match q16(&x, 1) {
-            Err(QuantError::ScaleOverflow { block, .. }) => assert_eq!(block, 1),
-            other => panic!("expected overflow, got {other:?}"),
-        }
+        assert!(matches!(
+            q16(&x, 1),
+            Err(QuantError::ScaleOverflow { block: 1, .. })
+        ));
         let mut c = vec![0i8; 3];
         let mut s = vec![0f32; 3];
-        quantize_blockwise(&x, 1, &mut c, ScalesMut::F32(&mut s)).unwrap();
+        quantize_blockwise(&x, 1, &mut c, ScalesMut::F32(&mut s))?;
         assert_eq!(s[1], 9e6f32 / 127.0);
+        Ok(())
     }
 
     #[test]
-    fn non_finite_reports_first_index_and_wins_over_overflow() {
+    fn non_finite_reports_first_index_and_wins_over_overflow() -> Result<()> {
         let mut x = vec![1.0f32; 300];
         x[10] = 1e7;
         x[200] = f32::NAN;
         x[250] = f32::INFINITY;
-        match q16(&x, 64) {
-            Err(QuantError::NonFinite { arg, index }) => {
-                assert_eq!(arg, "x");
-                assert_eq!(index, 200);
-            }
-            other => panic!("expected NonFinite, got {other:?}"),
-        }
+        assert_eq!(
+            q16(&x, 64).map(|_| ()),
+            Err(QuantError::NonFinite {
+                arg: "x",
+                index: 200
+            })
+        );
+        Ok(())
     }
 
     #[test]
-    fn f64_out_of_f32_range_is_non_finite() {
+    fn f64_out_of_f32_range_is_non_finite() -> Result<()> {
         let x = [0.0f64, 1e39];
         let mut c = vec![0i8; 2];
         let mut s = vec![0f32; 1];
-        let e = quantize_blockwise(&x, 8, &mut c, ScalesMut::F32(&mut s)).unwrap_err();
+        let e = quantize_blockwise(&x, 8, &mut c, ScalesMut::F32(&mut s)).expect_err("must fail");
         assert_eq!(e, QuantError::NonFinite { arg: "x", index: 1 });
+        Ok(())
     }
 
     #[test]
-    fn other_dtypes_match_f32_of_the_converted_values() {
+    fn other_dtypes_match_f32_of_the_converted_values() -> Result<()> {
         let xf: Vec<f32> = (0..5000)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37)
             .collect();
-        let (c_ref, s_ref, _) = q16(&xf, 48).unwrap();
+        let (c_ref, s_ref, _) = q16(&xf, 48)?;
         let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
         let xb_f: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
-        let (c_b_ref, s_b_ref, _) = q16(&xb_f, 48).unwrap();
+        let (c_b_ref, s_b_ref, _) = q16(&xb_f, 48)?;
         let mut c = vec![0i8; xb.len()];
         let mut s = vec![f16::ZERO; s_ref.len()];
-        quantize_blockwise(&xb, 48, &mut c, ScalesMut::F16(&mut s)).unwrap();
+        quantize_blockwise(&xb, 48, &mut c, ScalesMut::F16(&mut s))?;
         assert_eq!((c, s), (c_b_ref, s_b_ref));
         let xd: Vec<f64> = xf.iter().map(|&v| v as f64).collect();
         let mut c = vec![0i8; xd.len()];
         let mut s = vec![f16::ZERO; s_ref.len()];
-        quantize_blockwise(&xd, 48, &mut c, ScalesMut::F16(&mut s)).unwrap();
+        quantize_blockwise(&xd, 48, &mut c, ScalesMut::F16(&mut s))?;
         assert_eq!((c, s), (c_ref, s_ref));
+        Ok(())
     }
 
     #[test]
-    fn huge_blocks_of_non_f32_input_use_the_two_pass_path() {
+    fn huge_blocks_of_non_f32_input_use_the_two_pass_path() -> Result<()> {
         let n = 3 * STAGE + 17;
         let xf: Vec<f32> = (0..n).map(|i| ((i % 977) as f32 - 488.0) * 0.011).collect();
         let xh: Vec<f16> = xf.iter().map(|&v| f16::from_f32(v)).collect();
         let xh_f: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
-        let (c_ref, s_ref, _) = q16(&xh_f, n).unwrap();
+        let (c_ref, s_ref, _) = q16(&xh_f, n)?;
         let mut c = vec![0i8; n];
         let mut s = vec![f16::ZERO; 1];
-        quantize_blockwise(&xh, n, &mut c, ScalesMut::F16(&mut s)).unwrap();
+        quantize_blockwise(&xh, n, &mut c, ScalesMut::F16(&mut s))?;
         assert_eq!((c, s), (c_ref, s_ref));
         let mut xh_bad = xh.clone();
         xh_bad[2 * STAGE + 5] = f16::NEG_INFINITY;
@@ -508,16 +517,17 @@ mod tests {
             ScalesMut::F16(&mut [f16::ZERO]),
         );
         assert_eq!(
-            e.unwrap_err(),
+            e.expect_err("must fail"),
             QuantError::NonFinite {
                 arg: "x",
                 index: 2 * STAGE + 5
             }
         );
+        Ok(())
     }
 
     #[test]
-    fn bad_arguments_are_rejected() {
+    fn bad_arguments_are_rejected() -> Result<()> {
         let x = [1.0f32; 10];
         let e = quantize_blockwise(&x, 0, &mut [0; 10], ScalesMut::F32(&mut [0.0; 1]));
         assert!(matches!(
@@ -542,12 +552,14 @@ mod tests {
             e,
             Err(QuantError::ShapeMismatch { arg: "out", .. })
         ));
+        Ok(())
     }
 
     #[test]
-    fn empty_input_has_no_blocks() {
-        let (c, s, _) = q16(&[], 64).unwrap();
+    fn empty_input_has_no_blocks() -> Result<()> {
+        let (c, s, _) = q16(&[], 64)?;
         assert!(c.is_empty() && s.is_empty());
-        dequantize_blockwise(&[], 64, Scales::F16(&[]), &mut []).unwrap();
+        dequantize_blockwise(&[], 64, Scales::F16(&[]), &mut [])?;
+        Ok(())
     }
 }

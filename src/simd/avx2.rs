@@ -30,6 +30,24 @@ unsafe fn quant8(v: __m256, s: __m256) -> __m256i {
     }
 }
 
+/// Convert the whole 8-lane chunks of 16-bit floats (f16 or bf16) to f32 with
+/// `cvt`; the caller converts the remaining `len % 8` elements.
+///
+/// # Safety
+/// AVX2 (and F16C if `cvt` uses it) must be available, and `T` must be a
+/// 16-bit type (it is read as raw 16-bit lanes).
+#[inline(always)]
+unsafe fn widen8<T: Copy>(x: &[T], out: &mut [f32], cvt: impl Fn(__m128i) -> __m256) {
+    debug_assert_eq!(std::mem::size_of::<T>(), 2);
+    // SAFETY: per this function's contract; 8 lanes (16 bytes) are read from each
+    // full chunk and 8 floats written to the matching output chunk.
+    unsafe {
+        for (c, o) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+            _mm256_storeu_ps(o.as_mut_ptr(), cvt(_mm_loadu_si128(c.as_ptr().cast())));
+        }
+    }
+}
+
 impl Kernels for Avx2 {
     #[inline(always)]
     unsafe fn absmax_bits(x: &[f32]) -> u32 {
@@ -103,38 +121,25 @@ impl Kernels for Avx2 {
 
     #[inline(always)]
     unsafe fn f16_to_f32(x: &[f16], out: &mut [f32]) {
-        let n = x.len().min(out.len());
-        let (x, out) = (&x[..n], &mut out[..n]);
-        let mut xc = x.chunks_exact(8);
-        let mut oc = out.chunks_exact_mut(8);
-        // SAFETY: AVX2 and F16C per the Kernels contract; 8 halves (16 bytes) read
-        // from each full chunk, 8 floats written to the matching output chunk.
-        unsafe {
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                let h = _mm_loadu_si128(c.as_ptr().cast());
-                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(h));
-            }
-        }
+        // SAFETY: AVX2 and F16C per the Kernels contract; f16 is a 16-bit type.
+        unsafe { widen8(x, out, |h| _mm256_cvtph_ps(h)) };
+        let done = x.len().min(out.len()) / 8 * 8;
         // SAFETY: the scalar kernels need no CPU features.
-        unsafe { Scalar::f16_to_f32(xc.remainder(), oc.into_remainder()) };
+        unsafe { Scalar::f16_to_f32(&x[done..], &mut out[done..]) };
     }
 
     #[inline(always)]
     unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]) {
-        let n = x.len().min(out.len());
-        let (x, out) = (&x[..n], &mut out[..n]);
-        let mut xc = x.chunks_exact(8);
-        let mut oc = out.chunks_exact_mut(8);
-        // SAFETY: AVX2 per the Kernels contract; as in f16_to_f32.
+        // SAFETY: AVX2 per the Kernels contract; bf16 is a 16-bit type. bfloat16
+        // is the top half of an f32: zero-extend, shift.
         unsafe {
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                let h = _mm_loadu_si128(c.as_ptr().cast());
-                let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_castsi256_ps(w));
-            }
-        }
+            widen8(x, out, |h| {
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            })
+        };
+        let done = x.len().min(out.len()) / 8 * 8;
         // SAFETY: the scalar kernels need no CPU features.
-        unsafe { Scalar::bf16_to_f32(xc.remainder(), oc.into_remainder()) };
+        unsafe { Scalar::bf16_to_f32(&x[done..], &mut out[done..]) };
     }
 
     #[inline(always)]

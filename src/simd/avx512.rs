@@ -41,6 +41,33 @@ unsafe fn quant16(v: __m512, s: __m512) -> __m512i {
     }
 }
 
+/// Convert 16-bit floats (f16 or bf16) to f32, 16 lanes at a time with `cvt`.
+///
+/// # Safety
+/// AVX-512F/BW/VL must be available, and `T` must be a 16-bit type (it is read
+/// as raw 16-bit lanes).
+#[inline(always)]
+unsafe fn widen16<T: Copy>(x: &[T], out: &mut [f32], cvt: impl Fn(__m256i) -> __m512) {
+    debug_assert_eq!(std::mem::size_of::<T>(), 2);
+    let n = x.len().min(out.len());
+    let (x, out) = (&x[..n], &mut out[..n]);
+    // SAFETY: per this function's contract; 16 lanes (32 bytes) are read from each
+    // full chunk, the tail through a mask of its length, and stores match.
+    unsafe {
+        let mut xc = x.chunks_exact(16);
+        let mut oc = out.chunks_exact_mut(16);
+        for (c, o) in (&mut xc).zip(&mut oc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), cvt(_mm256_loadu_si256(c.as_ptr().cast())));
+        }
+        let rest = xc.remainder();
+        if !rest.is_empty() {
+            let k = tail_mask(rest.len());
+            let h = _mm256_maskz_loadu_epi16(k, rest.as_ptr().cast());
+            _mm512_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, cvt(h));
+        }
+    }
+}
+
 impl Kernels for Avx512 {
     #[inline(always)]
     unsafe fn absmax_bits(x: &[f32]) -> u32 {
@@ -120,46 +147,17 @@ impl Kernels for Avx512 {
 
     #[inline(always)]
     unsafe fn f16_to_f32(x: &[f16], out: &mut [f32]) {
-        let n = x.len().min(out.len());
-        let (x, out) = (&x[..n], &mut out[..n]);
-        // SAFETY: AVX-512F/BW/VL per the Kernels contract; 16 halves (32 bytes) are
-        // read from each full chunk, the tail through a mask of its length.
-        unsafe {
-            let mut xc = x.chunks_exact(16);
-            let mut oc = out.chunks_exact_mut(16);
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                let h = _mm256_loadu_si256(c.as_ptr().cast());
-                _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtph_ps(h));
-            }
-            let rest = xc.remainder();
-            if !rest.is_empty() {
-                let k = tail_mask(rest.len());
-                let h = _mm256_maskz_loadu_epi16(k, rest.as_ptr().cast());
-                _mm512_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, _mm512_cvtph_ps(h));
-            }
-        }
+        // SAFETY: AVX-512F per the Kernels contract; f16 is a 16-bit type.
+        unsafe { widen16(x, out, |h| _mm512_cvtph_ps(h)) }
     }
 
     #[inline(always)]
     unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]) {
-        let n = x.len().min(out.len());
-        let (x, out) = (&x[..n], &mut out[..n]);
-        // SAFETY: as in f16_to_f32. bfloat16 is the top half of an f32: widen, shift.
+        // SAFETY: as above. bfloat16 is the top half of an f32: zero-extend, shift.
         unsafe {
-            let mut xc = x.chunks_exact(16);
-            let mut oc = out.chunks_exact_mut(16);
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                let h = _mm256_loadu_si256(c.as_ptr().cast());
-                let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
-                _mm512_storeu_ps(o.as_mut_ptr(), _mm512_castsi512_ps(w));
-            }
-            let rest = xc.remainder();
-            if !rest.is_empty() {
-                let k = tail_mask(rest.len());
-                let h = _mm256_maskz_loadu_epi16(k, rest.as_ptr().cast());
-                let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
-                _mm512_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, _mm512_castsi512_ps(w));
-            }
+            widen16(x, out, |h| {
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            })
         }
     }
 
