@@ -20,17 +20,20 @@
 //!   PyO3 or rust-numpy.
 //!
 //! ```
+//! # fn main() -> Result<(), ferroquant::QuantError> {
 //! use ferroquant::ops::blockwise::{quantize_blockwise, dequantize_blockwise, ScalesMut, Scales};
 //! use half::f16;
 //!
 //! let x: Vec<f32> = (0..100).map(|i| i as f32 * 0.25 - 12.0).collect();
 //! let mut codes = vec![0i8; x.len()];
 //! let mut scales = vec![f16::ZERO; x.len().div_ceil(64)];
-//! let report = quantize_blockwise(&x, 64, &mut codes, ScalesMut::F16(&mut scales)).unwrap();
+//! let report = quantize_blockwise(&x, 64, &mut codes, ScalesMut::F16(&mut scales))?;
 //! assert_eq!(report.lossy_blocks, 0);
 //! let mut y = vec![0f32; x.len()];
-//! dequantize_blockwise(&codes, 64, Scales::F16(&scales), &mut y).unwrap();
+//! dequantize_blockwise(&codes, 64, Scales::F16(&scales), &mut y)?;
 //! assert!((y[0] - x[0]).abs() < 0.1);
+//! # Ok(())
+//! # }
 //! ```
 
 // The compiler keeps raw-pointer code in src/simd/, the one module that allows it.
