@@ -1,5 +1,5 @@
 //! The kernel bindings: extract, release the GIL around one `ops::` call,
-//! map the error, hand the outputs to NumPy (`into_pyarray`, no copy).
+//! map the error, return the NumPy-allocated outputs the kernel filled (no copy).
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::{dtype_error, to_pyerr};

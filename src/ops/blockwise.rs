@@ -154,19 +154,15 @@ impl Outcome {
     }
 }
 
-/// A stored scale type: converts the f32 scales and notes overflow / precision loss.
-trait ScaleStore: Copy + Send + Sync {
+/// A stored scale type: converts the f32 scales and notes overflow / precision
+/// loss. Reading them back for dequantization is [`Float::convert_to_f32`].
+trait ScaleStore: Float {
     /// Store `src` into `dst`; `first_block` is `src[0]`'s global block index.
     fn store(src: &[f32], dst: &mut [Self], first_block: usize, out: &mut Outcome);
-    /// The scales as f32, for dequantization.
-    fn load(src: &[Self], dst: &mut [f32]);
 }
 
 impl ScaleStore for f32 {
     fn store(src: &[f32], dst: &mut [f32], _: usize, _: &mut Outcome) {
-        dst.copy_from_slice(src);
-    }
-    fn load(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
 }
@@ -183,9 +179,6 @@ impl ScaleStore for f16 {
                 out.lossy += 1;
             }
         }
-    }
-    fn load(src: &[f16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
     }
 }
 
@@ -365,7 +358,7 @@ fn dequantize_task<S: ScaleStore>(
         .zip(out.chunks_mut(group * bs));
     for ((cg, sg), og) in groups {
         let tmp = &mut tmp[..sg.len()];
-        S::load(sg, tmp);
+        S::convert_to_f32(isa, sg, tmp);
         simd::blockwise_dequantize(isa, cg, bs, tmp, og);
     }
 }
