@@ -41,6 +41,7 @@
 
 pub mod element;
 pub mod error;
+pub mod formats;
 pub mod ops;
 pub mod parallel;
 pub mod round;
@@ -50,4 +51,13 @@ pub mod simd;
 mod bindings;
 
 pub use element::Float;
+
+/// Why a ferroquant environment variable (`FERROQUANT_NUM_THREADS`,
+/// `FERROQUANT_SIMD`) is ignored, one message each; empty if none is.
+pub fn env_warnings() -> Vec<String> {
+    [parallel::env_warning(), simd::env_warning()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
 pub use error::{QuantError, Result};

@@ -1,14 +1,28 @@
-//! ferroquant's own rayon pool.
+//! ferroquant's own rayon pool, and the floating-point environment kernels run in.
 //!
 //! The kernels never use rayon's global pool (an application's other rayon
 //! work must not be starved or resized by us). The pool is built lazily with
-//! `FERROQUANT_NUM_THREADS` threads (default: the available parallelism),
-//! rebuilt by [`set_num_threads`], and rebuilt after `fork()`: a forked child
-//! inherits the parent's memory but none of its threads, so a kernel in the
-//! child would otherwise wait forever on workers that do not exist.
+//! `FERROQUANT_NUM_THREADS` threads (read once; default: the available
+//! parallelism), rebuilt by [`set_num_threads`], and rebuilt after `fork()`: a
+//! forked child inherits the parent's memory but none of its threads, so a
+//! kernel in the child would otherwise wait forever on workers that do not
+//! exist.
+//!
+//! Fork safety: no lock is ever held while threads are spawned or joined. The
+//! configuration lives in atomics; the one mutex guards only the swap of an
+//! `Arc`, so a `fork()` from another thread cannot leave a child with a lock
+//! that nobody will release (a pool built while the lock was held did exactly
+//! that).
+//!
+//! Every thread that runs kernel code computes in the default IEEE
+//! environment ([`crate::simd::fpenv`]): round to nearest, no flush-to-zero,
+//! no denormals-are-zero, whatever the caller set, so results never depend on
+//! the caller's flags or on which thread ran a chunk.
 
 use crate::error::{QuantError, Result};
+use crate::simd::fpenv;
 use rayon::{ThreadPool, ThreadPoolBuilder};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Calls with less work than this stay on the calling thread: below it the
@@ -24,30 +38,61 @@ pub const MIN_PARALLEL_WORK: usize = 1 << 18;
 /// Work per rayon task, in elements, is at least this much.
 pub const MIN_TASK_ELEMENTS: usize = 1 << 14;
 
-struct PoolState {
-    /// Requested thread count (None: default from the environment).
-    threads: Option<usize>,
-    /// The live pool and the process id that built it.
-    pool: Option<(u32, Arc<ThreadPool>)>,
+/// The largest thread count [`set_num_threads`] accepts. Far above any core
+/// count these kernels can use (they are memory-bound), and low enough that a
+/// typo cannot make the next call spawn a hundred thousand threads.
+pub const MAX_THREADS: usize = 1024;
+
+/// Name of the environment variable read (once) for the default thread count.
+pub const ENV_NUM_THREADS: &str = "FERROQUANT_NUM_THREADS";
+
+/// Thread count set by [`set_num_threads`]; 0 while unset.
+static REQUESTED: AtomicUsize = AtomicUsize::new(0);
+/// `FERROQUANT_NUM_THREADS` as read once: 0 unread, `usize::MAX` absent or invalid.
+static ENV_CACHE: AtomicUsize = AtomicUsize::new(0);
+/// A thread count whose pool could not be built (the OS refused threads); 0 if none.
+static FAILED: AtomicUsize = AtomicUsize::new(0);
+
+/// The live pool: the process that built it, its size, the pool.
+type Live = Option<(u32, usize, Arc<ThreadPool>)>;
+static POOL: Mutex<Live> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Live> {
+    // Every write under this lock is a single assignment, so a poisoned lock
+    // still holds a consistent value.
+    POOL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-static STATE: Mutex<PoolState> = Mutex::new(PoolState {
-    threads: None,
-    pool: None,
-});
-
-fn lock() -> MutexGuard<'static, PoolState> {
-    // A panic while holding this lock cannot leave PoolState inconsistent
-    // (every write is a single assignment), so a poisoned lock is still usable.
-    STATE.lock().unwrap_or_else(|p| p.into_inner())
+/// Parse a `FERROQUANT_NUM_THREADS` value: an integer in `1..=MAX_THREADS`.
+pub fn parse_num_threads(raw: &str) -> std::result::Result<usize, String> {
+    match raw.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{ENV_NUM_THREADS}={raw:?} is not an integer in 1..={MAX_THREADS}; it is ignored"
+        )),
+    }
 }
 
-/// The thread count named by `FERROQUANT_NUM_THREADS`, if it is a positive integer.
+/// The thread count named by `FERROQUANT_NUM_THREADS`, if valid. The variable
+/// is read on the first call only (the Python module calls this at import), so
+/// later writes to the environment cannot race with running kernels.
 pub fn env_num_threads() -> Option<usize> {
-    std::env::var("FERROQUANT_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n >= 1)
+    let mut v = ENV_CACHE.load(Ordering::Acquire);
+    if v == 0 {
+        v = std::env::var(ENV_NUM_THREADS)
+            .ok()
+            .and_then(|raw| parse_num_threads(&raw).ok())
+            .unwrap_or(usize::MAX);
+        // Racing first calls read the same variable; either store is fine.
+        ENV_CACHE.store(v, Ordering::Release);
+    }
+    (v != usize::MAX).then_some(v)
+}
+
+/// Why the `FERROQUANT_NUM_THREADS` value in the environment is ignored, if it is.
+pub fn env_warning() -> Option<String> {
+    let raw = std::env::var(ENV_NUM_THREADS).ok()?;
+    parse_num_threads(&raw).err()
 }
 
 fn default_num_threads() -> usize {
@@ -55,65 +100,108 @@ fn default_num_threads() -> usize {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
+            .min(MAX_THREADS)
     })
 }
 
-/// The number of threads kernels use.
-pub fn get_num_threads() -> usize {
-    lock().threads.unwrap_or_else(default_num_threads)
+fn wanted_threads() -> usize {
+    match REQUESTED.load(Ordering::Acquire) {
+        0 => default_num_threads(),
+        n => n,
+    }
 }
 
-/// Set the number of threads kernels use (at least 1). Takes effect on the next call.
+/// The number of threads kernels run on: the configured count, or 1 if the
+/// operating system refused to start a pool of that size.
+pub fn get_num_threads() -> usize {
+    let want = wanted_threads();
+    if FAILED.load(Ordering::Acquire) == want {
+        1
+    } else {
+        want
+    }
+}
+
+/// Set the number of threads kernels use, in `1..=MAX_THREADS`. Takes effect
+/// on the next call; calls already running finish on the old pool.
 pub fn set_num_threads(n: usize) -> Result<()> {
-    if n == 0 {
+    if !(1..=MAX_THREADS).contains(&n) {
         return Err(QuantError::invalid(
             "n",
-            "the thread count must be at least 1, got 0",
+            format!("the thread count must be in 1..={MAX_THREADS}, got {n}"),
         ));
     }
-    let mut st = lock();
-    st.threads = Some(n);
-    // Dropping the old pool lets its idle workers exit; calls running on it finish first.
-    st.pool = None;
+    REQUESTED.store(n, Ordering::Release);
+    FAILED.store(0, Ordering::Release);
+    // Drop the old pool outside the lock: its idle workers exit on their own.
+    let old = lock().take();
+    release(old);
     Ok(())
 }
 
-/// The pool for this process, built (or rebuilt after a fork) if needed.
+/// Drop a pool this process built; leak one inherited across `fork()`, whose
+/// worker threads do not exist here (dropping it would signal phantom workers
+/// through locks that may have been copied mid-use).
+fn release(old: Live) {
+    if let Some((owner, _, pool)) = old {
+        if owner != std::process::id() {
+            std::mem::forget(pool);
+        }
+    }
+}
+
+/// The pool for this process, built (or rebuilt after a fork or a resize) if needed.
 ///
-/// Returns `None` when one thread is requested or the pool cannot be built;
+/// Returns `None` when one thread is wanted or the pool cannot be built;
 /// callers then run on the calling thread, which gives the same result.
 fn pool() -> Option<Arc<ThreadPool>> {
-    let pid = std::process::id();
-    let mut st = lock();
-    let threads = st.threads.unwrap_or_else(default_num_threads);
-    if threads <= 1 {
+    let want = wanted_threads();
+    if want <= 1 || FAILED.load(Ordering::Acquire) == want {
         return None;
     }
-    if let Some((owner, pool)) = &st.pool {
-        if *owner == pid {
-            return Some(Arc::clone(pool));
-        }
-        // Inherited across fork(): its worker threads do not exist here.
-        // Dropping it would signal those phantom workers through locks that may
-        // have been copied mid-use, so it is deliberately leaked.
-        if let Some(stale) = st.pool.take() {
-            std::mem::forget(stale);
+    let pid = std::process::id();
+    if let Some((owner, n, p)) = lock().as_ref() {
+        if *owner == pid && *n == want {
+            return Some(Arc::clone(p));
         }
     }
-    let built = ThreadPoolBuilder::new()
-        .num_threads(threads)
+    // Spawn the workers with no lock held (see the module docs on fork).
+    let built = match ThreadPoolBuilder::new()
+        .num_threads(want)
         .thread_name(|i| format!("ferroquant-{i}"))
+        .start_handler(|_| fpenv::set_default())
         .build()
-        .ok()?;
-    let built = Arc::new(built);
-    st.pool = Some((pid, Arc::clone(&built)));
+    {
+        Ok(p) => Arc::new(p),
+        Err(_) => {
+            FAILED.store(want, Ordering::Release);
+            return None;
+        }
+    };
+    let mut guard = lock();
+    if let Some((owner, n, p)) = guard.as_ref() {
+        if *owner == pid && *n == want {
+            // Another thread installed an equal pool first: use it, drop ours.
+            let winner = Arc::clone(p);
+            drop(guard);
+            drop(built);
+            return Some(winner);
+        }
+    }
+    let old = guard.replace((pid, want, Arc::clone(&built)));
+    drop(guard);
+    release(old);
     Some(built)
 }
 
 /// Run `f` on ferroquant's pool when `work` (see [`MIN_PARALLEL_WORK`]) is
 /// large enough to repay the hand-off, otherwise on the calling thread. `f`
 /// receives whether it runs in parallel, so it can split its work accordingly.
+///
+/// On the calling thread, `f` runs in the default floating-point environment
+/// (the caller's is restored afterwards); pool workers always run in it.
 pub fn run<R: Send>(work: usize, f: impl FnOnce(bool) -> R + Send) -> R {
+    let _env = fpenv::Pinned::new();
     if work < MIN_PARALLEL_WORK {
         return f(false);
     }
@@ -139,11 +227,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn zero_threads_is_rejected() {
-        assert!(matches!(
-            set_num_threads(0),
-            Err(QuantError::InvalidConfig { arg: "n", .. })
-        ));
+    fn thread_counts_out_of_range_are_rejected() {
+        for n in [0, MAX_THREADS + 1, usize::MAX] {
+            assert!(matches!(
+                set_num_threads(n),
+                Err(QuantError::InvalidConfig { arg: "n", .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn env_values_are_parsed_strictly() {
+        assert_eq!(parse_num_threads(" 4 "), Ok(4));
+        assert_eq!(parse_num_threads("1024"), Ok(1024));
+        for bad in ["0", "-1", "two", "", "1025", "99999999999999999999999"] {
+            let e = parse_num_threads(bad).expect_err(bad);
+            assert!(e.contains(ENV_NUM_THREADS) && e.contains("ignored"), "{e}");
+        }
     }
 
     #[test]

@@ -272,3 +272,35 @@ fn the_reported_error_does_not_depend_on_the_thread_count() {
         }
     }
 }
+
+#[test]
+fn a_callers_flush_to_zero_flags_change_nothing() {
+    // 2^19 subnormals: max |x| = 1e-39, scale 1e-39/127 (subnormal, non-zero),
+    // codes 127. With the caller's FTZ/DAZ leaking into some threads, one
+    // thread gave scale 1.0 and codes 0 while two gave the right answer.
+    let n = 1 << 19;
+    let x = vec![1e-39f32; n];
+    let run = move || {
+        let mut c = vec![0i8; n];
+        let mut s = vec![0f32; num_blocks(n, 64)];
+        quantize_blockwise_with(Isa::detected(), &x, 64, &mut c, ScalesMut::F32(&mut s)).unwrap();
+        (c, s)
+    };
+    let scale = std::hint::black_box(1e-39f32) / 127.0;
+    assert!(scale > 0.0 && !scale.is_normal());
+    std::thread::spawn(move || {
+        ferroquant::simd::fpenv::set_flush_denormals(true);
+        for threads in [1, 2] {
+            ferroquant::parallel::set_num_threads(threads).unwrap();
+            let (c, s) = run();
+            assert!(c.iter().all(|&v| v == 127), "threads={threads}");
+            assert!(s.iter().all(|&v| v == scale), "threads={threads}");
+        }
+        assert!(
+            !ferroquant::simd::fpenv::is_default(),
+            "the caller's flags are restored"
+        );
+    })
+    .join()
+    .unwrap();
+}

@@ -8,6 +8,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 /// A floating-point input array of one of the four supported dtypes.
 pub(crate) enum FloatArray<'py> {
@@ -132,8 +133,17 @@ pub(crate) fn exact<'py, T: Element>(
 /// without them the first touch of a fresh 64 MiB output costs 16 Ki page
 /// faults — measured at ~22 ms here, eight times the kernel itself. Either
 /// way the buffer is allocated once and never copied.
-pub(crate) fn output<T: Element>(py: Python<'_>, n: usize) -> Bound<'_, PyArray1<T>> {
-    PyArray1::zeros(py, n, false)
+///
+/// Allocated by calling `numpy.zeros` (cached) rather than rust-numpy's
+/// `PyArray::zeros`, which panics when NumPy cannot allocate: here a failed
+/// allocation is the `MemoryError` NumPy raised.
+pub(crate) fn output<T: Element>(py: Python<'_>, n: usize) -> PyResult<Bound<'_, PyArray1<T>>> {
+    static ZEROS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let zeros = ZEROS.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+        Ok(py.import("numpy")?.getattr("zeros")?.unbind())
+    })?;
+    let arr = zeros.bind(py).call1((n, dtype::<T>(py)))?;
+    Ok(arr.cast_into::<PyArray1<T>>()?)
 }
 
 /// Exclusive access to an output array this binding just created.

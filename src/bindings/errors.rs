@@ -1,34 +1,67 @@
 //! Mapping of [`QuantError`] to the exception classes of `ferroquant.errors`.
 //!
-//! The classes are defined in Python (documented, picklable, subclassable);
-//! this module looks them up when an error is raised, which is the cold path.
+//! The classes are defined in Python (documented, picklable, subclassable).
+//! They are looked up once, on the first error, and cached; there is no
+//! fallback to a generic class: if the package's own `errors` module cannot be
+//! imported, that import error is what the caller sees.
 
 use crate::error::QuantError;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+/// The exception classes, in the order of [`Class`].
+static CLASSES: PyOnceLock<[Py<PyType>; 5]> = PyOnceLock::new();
+
+/// The Python class of each error kind.
+#[derive(Clone, Copy)]
+enum Class {
+    InvalidConfig = 0,
+    ShapeMismatch = 1,
+    EmptyInput = 2,
+    NonFinite = 3,
+    Format = 4,
+}
+
+const NAMES: [&str; 5] = [
+    "InvalidConfigError",
+    "ShapeMismatchError",
+    "EmptyInputError",
+    "NonFiniteError",
+    "FormatError",
+];
+
+fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 5]> {
+    CLASSES.get_or_try_init(py, || {
+        let module = py.import("ferroquant.errors")?;
+        let get = |i: usize| -> PyResult<Py<PyType>> {
+            Ok(module.getattr(NAMES[i])?.cast_into::<PyType>()?.unbind())
+        };
+        Ok([get(0)?, get(1)?, get(2)?, get(3)?, get(4)?])
+    })
+}
 
 /// Build the `ferroquant.errors` exception for `err`, message from its `Display`.
 pub(crate) fn to_pyerr(py: Python<'_>, err: QuantError) -> PyErr {
     // Exhaustive on purpose: a new variant must choose its Python class here.
     let class = match &err {
-        QuantError::InvalidConfig { .. } | QuantError::ScaleOverflow { .. } => "InvalidConfigError",
-        QuantError::ShapeMismatch { .. } => "ShapeMismatchError",
-        QuantError::EmptyInput { .. } => "EmptyInputError",
-        QuantError::NonFinite { .. } => "NonFiniteError",
-        QuantError::Format { .. } => "FormatError",
+        QuantError::InvalidConfig { .. } | QuantError::ScaleOverflow { .. } => Class::InvalidConfig,
+        QuantError::ShapeMismatch { .. } => Class::ShapeMismatch,
+        QuantError::EmptyInput { .. } => Class::EmptyInput,
+        QuantError::NonFinite { .. } => Class::NonFinite,
+        QuantError::Format { .. } => Class::Format,
     };
     let msg = err.to_string();
     let built = (|| -> PyResult<PyErr> {
-        let cls = py.import("ferroquant.errors")?.getattr(class)?;
+        let cls = classes(py)?[class as usize].bind(py);
         let exc = match err {
-            QuantError::NonFinite { index, .. } => cls.call1((msg.clone(), index))?,
-            _ => cls.call1((msg.clone(),))?,
+            QuantError::NonFinite { index, .. } => cls.call1((msg, index))?,
+            _ => cls.call1((msg,))?,
         };
         Ok(PyErr::from_value(exc))
     })();
-    // The package ships errors.py beside the native module; if it is somehow
-    // missing, still raise a ValueError with the same message.
-    built.unwrap_or_else(|_| PyValueError::new_err(msg))
+    built.unwrap_or_else(|e| e)
 }
 
 /// A `TypeError` naming the argument and the dtype it had.

@@ -13,6 +13,7 @@
 
 #![allow(unsafe_code)]
 
+pub mod fpenv;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -21,7 +22,23 @@ mod avx2;
 mod avx512;
 
 use half::{bf16, f16};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Name of the environment variable that caps the instruction set.
+pub const ENV_SIMD: &str = "FERROQUANT_SIMD";
+
+/// Why the `FERROQUANT_SIMD` value in the environment is ignored, if it is.
+pub fn env_warning() -> Option<String> {
+    let raw = std::env::var(ENV_SIMD).ok()?;
+    if Isa::from_name(raw.trim()).is_some() {
+        return None;
+    }
+    let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
+    Some(format!(
+        "{ENV_SIMD}={raw:?} is not one of {}; it is ignored",
+        names.join(", ")
+    ))
+}
 
 /// Bits of `+inf` in f32: an absolute value's bits at or above this are non-finite.
 pub const F32_INF_BITS: u32 = 0x7f80_0000;
@@ -69,28 +86,39 @@ impl Isa {
 
     /// Every ISA this CPU supports, scalar first.
     pub fn supported() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
-            .into_iter()
-            .filter(|i| i.is_supported())
-            .collect()
+        Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+    }
+
+    /// Every tier, lowest first.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// The tier named `name` (as [`Isa::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name() == name)
     }
 
     /// The best supported ISA, capped by `FERROQUANT_SIMD` (`scalar`, `avx2`,
-    /// `avx512`; anything else is ignored). Decided once per process.
+    /// `avx512`; any other value is ignored, and [`env_warning`] says so).
+    /// Decided once per process.
+    ///
+    /// Cached in an atomic rather than a `OnceLock`: racing first calls both
+    /// detect (the same answer) and nothing ever blocks, so a `fork()` during
+    /// detection cannot leave a child waiting on an initialisation that will
+    /// never finish.
     pub fn detected() -> Isa {
-        static DETECTED: OnceLock<Isa> = OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            let cap = match std::env::var("FERROQUANT_SIMD").as_deref().map(str::trim) {
-                Ok("scalar") => Isa::Scalar,
-                Ok("avx2") => Isa::Avx2,
-                _ => Isa::Avx512,
-            };
-            Isa::supported()
-                .into_iter()
-                .filter(|&i| i <= cap)
-                .max()
-                .unwrap_or(Isa::Scalar)
-        })
+        static DETECTED: AtomicU8 = AtomicU8::new(0);
+        let cached = DETECTED.load(Ordering::Acquire);
+        if let Some(&isa) = Isa::ALL.get((cached as usize).wrapping_sub(1)) {
+            return isa;
+        }
+        let cap = std::env::var(ENV_SIMD)
+            .ok()
+            .and_then(|v| Isa::from_name(v.trim()))
+            .unwrap_or(Isa::Avx512);
+        let isa = cap.usable();
+        let index = Isa::ALL.iter().position(|&i| i == isa).unwrap_or(0);
+        DETECTED.store(index as u8 + 1, Ordering::Release);
+        isa
     }
 
     /// `self` if this CPU supports it, else the best supported ISA below it.
@@ -200,7 +228,10 @@ macro_rules! dispatch {
                     unsafe { entry($($arg),*) }
                 }
                 // SAFETY: the scalar kernels use no special instructions.
-                _ => unsafe { $generic::<scalar::Scalar>($($arg),*) },
+                Isa::Scalar => unsafe { $generic::<scalar::Scalar>($($arg),*) },
+                // Tiers compiled only for x86-64 cannot be `usable()` elsewhere.
+                #[cfg(not(target_arch = "x86_64"))]
+                Isa::Avx2 | Isa::Avx512 => unreachable!("usable() returned an x86-64 tier"),
             }
         }
     };
@@ -255,7 +286,7 @@ mod tests {
 
     #[test]
     fn usable_never_exceeds_support() {
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+        for isa in Isa::ALL {
             assert!(isa.usable().is_supported());
             assert!(isa.usable() <= isa);
         }

@@ -1,11 +1,10 @@
-//! The kernel bindings: extract, release the GIL around one `ops::` call,
-//! map the error, return the NumPy-allocated outputs the kernel filled (no copy).
+//! Blockwise 8-bit (SPEC §1): extract, release the GIL around one
+//! `ops::blockwise` call, map the error, return the NumPy-allocated outputs the
+//! kernel filled (no copy).
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::{dtype_error, to_pyerr};
 use crate::ops::blockwise::{self as bw, num_blocks, Scales, ScalesMut};
-use crate::parallel;
-use crate::simd::Isa;
 use crate::Float;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -23,7 +22,7 @@ pub(crate) fn quantize_blockwise<'py>(
 ) -> PyResult<(Bound<'py, PyArray1<i8>>, Bound<'py, PyAny>, usize)> {
     let x = FloatArray::extract("x", x)?;
     with_float_slice!(x, xs => {
-        let codes = output::<i8>(py, xs.len());
+        let codes = output::<i8>(py, xs.len())?;
         let (scales, lossy) = if f32_scales {
             blockwise_into(py, xs, block_size, &codes, |s| ScalesMut::F32(s))?
         } else {
@@ -41,7 +40,7 @@ fn blockwise_into<'py, T: Float, S: Element>(
     codes: &Bound<'py, PyArray1<i8>>,
     wrap: fn(&mut [S]) -> ScalesMut<'_>,
 ) -> PyResult<(Bound<'py, PyAny>, usize)> {
-    let scales = output::<S>(py, num_blocks(xs.len(), block_size));
+    let scales = output::<S>(py, num_blocks(xs.len(), block_size))?;
     let mut cw = writable(codes)?;
     let mut sw = writable(&scales)?;
     let (cs, ss) = (cw.as_slice_mut()?, sw.as_slice_mut()?);
@@ -62,7 +61,7 @@ pub(crate) fn dequantize_blockwise<'py>(
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let codes = exact::<i8>("data", "int8", codes)?;
     let cs = codes.as_slice()?;
-    let out = output::<f32>(py, cs.len());
+    let out = output::<f32>(py, cs.len())?;
     let mut ow = writable(&out)?;
     let os = ow.as_slice_mut()?;
     let kind = scales
@@ -92,26 +91,9 @@ pub(crate) fn dequantize_blockwise<'py>(
     Ok(out)
 }
 
-/// Set the number of threads kernels use (>= 1).
-#[pyfunction]
-pub(crate) fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<()> {
-    parallel::set_num_threads(n).map_err(|e| to_pyerr(py, e))
-}
-
-/// The number of threads kernels use.
-#[pyfunction]
-pub(crate) fn get_num_threads() -> usize {
-    parallel::get_num_threads()
-}
-
-/// The instruction set the kernels run on (`"avx512"`, `"avx2"` or `"scalar"`).
-#[pyfunction]
-pub(crate) fn simd_isa() -> &'static str {
-    Isa::detected().name()
-}
-
-/// Every instruction set this CPU supports.
-#[pyfunction]
-pub(crate) fn supported_isas() -> Vec<&'static str> {
-    Isa::supported().into_iter().map(Isa::name).collect()
+/// Register this family's functions.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(quantize_blockwise, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_blockwise, m)?)?;
+    Ok(())
 }

@@ -1,0 +1,50 @@
+//! Threads, instruction set and environment configuration.
+
+use super::errors::to_pyerr;
+use crate::parallel;
+use crate::simd::Isa;
+use pyo3::prelude::*;
+
+/// Set the number of threads kernels use (1..=MAX_THREADS).
+#[pyfunction]
+pub(crate) fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<()> {
+    parallel::set_num_threads(n).map_err(|e| to_pyerr(py, e))
+}
+
+/// The number of threads kernels run on.
+#[pyfunction]
+pub(crate) fn get_num_threads() -> usize {
+    parallel::get_num_threads()
+}
+
+/// The instruction set the kernels run on (`"avx512"`, `"avx2"` or `"scalar"`).
+#[pyfunction]
+pub(crate) fn simd_isa() -> &'static str {
+    Isa::detected().name()
+}
+
+/// Every instruction set this CPU supports.
+#[pyfunction]
+pub(crate) fn supported_isas() -> Vec<&'static str> {
+    Isa::supported().into_iter().map(Isa::name).collect()
+}
+
+/// Why an environment variable of ferroquant's is ignored (one message each).
+#[pyfunction]
+pub(crate) fn env_warnings() -> Vec<String> {
+    crate::env_warnings()
+}
+
+/// Register these functions and read the environment once, at import: the
+/// thread count and the instruction set are fixed before any thread or
+/// `fork()` of the caller's can race with reading them.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let _ = parallel::env_num_threads();
+    let _ = Isa::detected();
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(simd_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(supported_isas, m)?)?;
+    m.add_function(wrap_pyfunction!(env_warnings, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,3 @@
+//! File formats, parsed by the libraries that define them.
+
+pub mod safetensors_header;

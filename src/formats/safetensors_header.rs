@@ -1,0 +1,147 @@
+//! The header of a safetensors file, parsed and validated by the `safetensors`
+//! crate (the parser the `safetensors` Python package wraps).
+//!
+//! The Python loader reads the 8-byte length and the JSON header itself, hands
+//! them here with the file's length, and maps the tensors' bytes from the
+//! offsets returned: the header is parsed once and no tensor data is touched or
+//! copied, so the work is bounded by the header's size (the crate caps it at
+//! 100 MB) rather than re-done per reader.
+
+use crate::error::{QuantError, Result};
+use safetensors::tensor::Metadata;
+
+/// Length of the little-endian header-size prefix.
+pub const PREFIX_LEN: usize = 8;
+
+/// One tensor's entry: where its bytes are, relative to the end of the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// The tensor's name.
+    pub name: String,
+    /// The safetensors dtype tag (`"F32"`, `"BF16"`, `"F8_E4M3"`, ...).
+    pub dtype: String,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// Byte offsets `[start, end)` of its data after the header.
+    pub start: usize,
+    /// End offset (exclusive).
+    pub end: usize,
+}
+
+/// A validated header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The `__metadata__` string map, sorted by key.
+    pub metadata: Vec<(String, String)>,
+    /// The tensors in file (offset) order.
+    pub tensors: Vec<TensorEntry>,
+}
+
+fn format(msg: impl std::fmt::Display) -> QuantError {
+    QuantError::Format {
+        msg: msg.to_string(),
+    }
+}
+
+/// Parse the JSON `header` of a safetensors file of `file_len` bytes whose
+/// header is `header.len()` bytes long.
+///
+/// The `safetensors` crate validates the JSON, the dtypes, that offsets are
+/// contiguous and match each shape and dtype (with overflow checks); this also
+/// checks that the data ends exactly at the end of the file, as the crate's
+/// own reader does.
+pub fn parse_header(header: &[u8], file_len: usize) -> Result<Header> {
+    let meta: Metadata =
+        serde_json::from_slice(header).map_err(|e| format(format!("bad header: {e}")))?;
+    let expected = PREFIX_LEN
+        .checked_add(header.len())
+        .and_then(|n| n.checked_add(meta.data_len()))
+        .ok_or_else(|| format("header offsets overflow"))?;
+    if expected != file_len {
+        return Err(format(format!(
+            "the header describes {expected} bytes but the data holds {file_len}"
+        )));
+    }
+    let infos = meta.tensors();
+    let mut tensors = Vec::with_capacity(infos.len());
+    for name in meta.offset_keys() {
+        let info = infos
+            .get(&name)
+            .ok_or_else(|| format(format!("tensor {name:?} has no entry")))?;
+        let dtype = match serde_json::to_value(info.dtype) {
+            Ok(serde_json::Value::String(s)) => s,
+            _ => return Err(format(format!("tensor {name:?} has an unnamed dtype"))),
+        };
+        tensors.push(TensorEntry {
+            dtype,
+            shape: info.shape.clone(),
+            start: info.data_offsets.0,
+            end: info.data_offsets.1,
+            name,
+        });
+    }
+    let mut metadata: Vec<(String, String)> = meta
+        .metadata()
+        .as_ref()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    metadata.sort();
+    Ok(Header { metadata, tensors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str, data: usize) -> Result<Header> {
+        parse_header(json.as_bytes(), PREFIX_LEN + json.len() + data)
+    }
+
+    #[test]
+    fn a_valid_header_lists_tensors_in_offset_order() -> Result<()> {
+        let h = parse(
+            r#"{"__metadata__":{"k":"v"},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
+                "a":{"dtype":"F8_E4M3","shape":[1,3],"data_offsets":[8,11]}}"#,
+            11,
+        )?;
+        assert_eq!(h.metadata, vec![("k".to_string(), "v".to_string())]);
+        let names: Vec<_> = h.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["b", "a"]);
+        assert_eq!(h.tensors[1].dtype, "F8_E4M3");
+        assert_eq!((h.tensors[1].start, h.tensors[1].end), (8, 11));
+        Ok(())
+    }
+
+    #[test]
+    fn inconsistent_headers_are_format_errors() {
+        let cases = [
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+                7,
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+                8,
+            ),
+            (
+                r#"{"a":{"dtype":"XX","shape":[2],"data_offsets":[0,8]}}"#,
+                8,
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}"#,
+                0,
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+                12,
+            ),
+            (r#"not json"#, 0),
+        ];
+        for (json, data) in cases {
+            assert!(
+                matches!(parse(json, data), Err(QuantError::Format { .. })),
+                "{json}"
+            );
+        }
+    }
+}
