@@ -106,7 +106,7 @@ def test_any_safetensors_file_loads_as_plain_arrays(tmp_path):
     [
         ({"a": [1, 2]}, None, TypeError),
         ({"a": np.array([object()])}, None, TypeError),
-        ({"a": np.ones(2, np.complex64)}, None, TypeError),
+        ({"a": np.ones(2, np.complex128)}, None, TypeError),
         ({1: np.ones(2)}, None, TypeError),
         ({"a": np.ones(2)}, {"ferroquant:a": "{}"}, ValueError),
         ({"a": np.ones(2)}, {"k": 3}, TypeError),
@@ -179,12 +179,25 @@ def test_crafted_valid_file_loads():
         ({"entry_patch": {"format_version": "1"}}, "format_version"),
         ({"entry_patch": {"shape": [11]}}, "data"),
         ({"entry_patch": {"shape": "ten"}}, "shape"),
-        ({"entry_patch": {"shape": [-10]}}, "non-negative"),
+        ({"entry_patch": {"shape": [-10]}}, "sizes in"),
+        ({"entry_patch": {"shape": [2.5, 4]}}, "shape"),
+        ({"entry_patch": {"shape": [True] * 10}}, "shape"),
+        # Hardening #8: every field checked; no tensor can be silently dropped.
+        ({"entry_patch": {"dtype": "float128"}}, "dtype"),
+        ({"entry_patch": {"dtype": None}}, "dtype"),
+        ({"entry_patch": {"dtype": "int8"}}, "dtype"),
+        ({"entry_patch": {"surprise": 1}}, "unknown"),
+        ({"entry_patch": {"shape": [0, 2**70]}}, "shape"),
+        ({"entry_patch": {"shape": [0] * 70}}, "dimensions"),
         ({"entry_patch": {"block_size": 0}}, "block_size"),
         ({"entry_patch": {"block_size": 2.5}}, "block_size"),
         ({"entry_patch": {"block_size": None}}, "block_size"),
         ({"entry_patch": {"arrays": {"data": "w::data", "scales": "gone"}}}, "missing tensor"),
-        ({"entry_patch": {"arrays": {"data": "w::data"}}}, "lacks"),
+        ({"entry_patch": {"arrays": {"data": "w::data"}}}, "must map exactly"),
+        (
+            {"entry_patch": {"arrays": {"data": "w::data", "scales": "w::scales", "extra": "b"}}},
+            "must map exactly",
+        ),
         ({"entry_patch": {"arrays": ["w::data"]}}, "arrays"),
         (
             {
@@ -194,13 +207,14 @@ def test_crafted_valid_file_loads():
                             "format_version": 1,
                             "scheme": "blockwise8",
                             "shape": [10],
+                            "dtype": "float32",
                             "block_size": 8,
                             "arrays": {"data": "w::data", "scales": "w::scales"},
                         }
                     )
                 }
             },
-            "claimed by two",
+            "claimed by entries",
         ),
         ({"meta_extra": {"ferroquant:x": "{not json"}}, "not valid JSON"),
         ({"meta_extra": {"ferroquant:x": "[1, 2]"}}, "JSON object"),
@@ -210,6 +224,24 @@ def test_crafted_valid_file_loads():
 def test_inconsistent_entries_raise_format_error(kwargs, match):
     with pytest.raises(fq.FormatError, match=match):
         fq.load_bytes(blockwise_file(**kwargs))
+
+
+def test_a_missing_dtype_key_is_a_format_error():
+    blob = blockwise_file()
+    good = json.loads(blob[8 : 8 + struct.unpack("<Q", blob[:8])[0]])
+    e = json.loads(good["__metadata__"]["ferroquant:w"])
+    del e["dtype"]
+    good["__metadata__"]["ferroquant:w"] = json.dumps(e)
+    with pytest.raises(fq.FormatError, match="missing"):
+        fq.load_bytes(craft(good, blob[8 + struct.unpack("<Q", blob[:8])[0] :]))
+
+
+def test_a_code_of_minus_128_is_a_format_error():
+    raw = bytearray(blockwise_file())
+    start = 8 + struct.unpack("<Q", raw[:8])[0]
+    raw[start + 3] = 0x80
+    with pytest.raises(fq.FormatError, match="-128"):
+        fq.load_bytes(bytes(raw))
 
 
 def test_non_finite_or_negative_scales_raise_format_error():

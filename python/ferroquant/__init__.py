@@ -11,11 +11,16 @@ dispatch and a private thread pool, exposed as zero-copy NumPy functions.
 
 from __future__ import annotations
 
-import os as _os
-import warnings as _warnings
-
 from . import quantizers as _quantizers  # noqa: F401  (registers the built-in quantizers)
 from ._ferroquant import __version__
+from ._runtime import (
+    get_num_threads,
+    set_num_threads,
+    simd_isa,
+    supported_isas,
+    warn_about_environment,
+)
+from .blockwise import BlockwiseQuantized, dequantize_blockwise, quantize_blockwise
 from .errors import (
     EmptyInputError,
     FormatError,
@@ -25,18 +30,9 @@ from .errors import (
     QuantizationError,
     ShapeMismatchError,
 )
-from .functional import (
-    dequantize_blockwise,
-    get_num_threads,
-    quantize_blockwise,
-    set_num_threads,
-    simd_isa,
-    supported_isas,
-)
 from .quantizers import Blockwise8
 from .registry import Quantizer, get_quantizer, list_quantizers, register_quantizer
 from .serialization import load, load_bytes, save, save_bytes
-from .types import BlockwiseQuantized
 
 __all__ = [
     "Blockwise8",
@@ -66,23 +62,5 @@ __all__ = [
 ]
 
 
-def _check_thread_env() -> None:
-    # The native pool reads FERROQUANT_NUM_THREADS itself; here a bad value is
-    # reported instead of being silently replaced by the CPU count.
-    raw = _os.environ.get("FERROQUANT_NUM_THREADS")
-    if raw is None:
-        return
-    try:
-        ok = int(raw.strip()) >= 1
-    except ValueError:
-        ok = False
-    if not ok:
-        _warnings.warn(
-            f"FERROQUANT_NUM_THREADS={raw!r} is not an integer >= 1; using "
-            f"{get_num_threads()} threads",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-
-
-_check_thread_env()
+warn_about_environment()
+del warn_about_environment

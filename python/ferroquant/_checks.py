@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import operator
-from typing import Any
+import os
+import sys
+import warnings
+from typing import Any, Optional, Tuple, Type
 
+import ml_dtypes
 import numpy as np
 
-from .errors import InvalidConfigError
+from .errors import InvalidConfigError, ShapeMismatchError
 
 _MAX_INT = 2**63 - 1
 
+#: The most dimensions a NumPy array can have (64 from NumPy 2, 32 before).
+MAX_NDIM = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+
 #: dtypes the kernels read natively (bfloat16 comes from ml_dtypes).
 FLOAT_DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16")
+
+#: The float dtypes by name, bfloat16 included without relying on NumPy's name lookup.
+FLOAT_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def positive_int(value: Any, arg: str) -> int:
@@ -28,17 +45,77 @@ def positive_int(value: Any, arg: str) -> int:
     return n
 
 
+def shape_tuple(shape: Any, arg: str = "shape") -> Tuple[int, ...]:
+    """A shape as a tuple of ints NumPy can represent, or TypeError / ShapeMismatchError.
+
+    Only true integers are sizes: ``2.7`` or the string ``"25"`` are refused,
+    not truncated or split into digits.
+    """
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"{arg} must be a tuple of ints, got {type(shape).__name__}")
+    dims = []
+    for d in shape:
+        if isinstance(d, (bool, np.bool_)):
+            raise TypeError(f"{arg} must hold ints, got bool")
+        try:
+            dims.append(operator.index(d))
+        except TypeError:
+            raise TypeError(f"{arg} must hold ints, got {type(d).__name__} {d!r}") from None
+    if len(dims) > MAX_NDIM:
+        raise ShapeMismatchError(
+            f"{arg} has {len(dims)} dimensions; NumPy supports at most {MAX_NDIM}"
+        )
+    if any(d < 0 or d > _MAX_INT for d in dims):
+        raise ShapeMismatchError(f"{arg} must hold sizes in 0..2**63-1, got {tuple(dims)}")
+    numel = 1
+    for d in dims:
+        numel *= d
+    if numel > _MAX_INT:
+        raise ShapeMismatchError(f"{arg} {tuple(dims)} holds more than 2**63-1 elements")
+    return tuple(dims)
+
+
+def source_dtype(value: Any, arg: str = "dtype") -> str:
+    """Normalize the dtype a value was quantized from to its name (float32, ...)."""
+    name = value if isinstance(value, str) else None
+    if name is None and value is not None:
+        try:
+            name = np.dtype(value).name
+        except TypeError:
+            name = None
+    if name not in FLOAT_DTYPES:
+        raise InvalidConfigError(
+            f"{arg} must be one of {', '.join(FLOAT_DTYPE_NAMES)}, got {value!r}"
+        )
+    return name
+
+
 def is_float_dtype(dt: np.dtype) -> bool:
     """Whether ``dt`` is one of the floating dtypes the kernels read natively."""
     return dt.name in FLOAT_DTYPE_NAMES or (dt.kind == "f" and dt.itemsize in (2, 4, 8))
 
 
+def kernel_layout(arr: np.ndarray, dtype: Optional[np.dtype] = None) -> np.ndarray:
+    """``arr`` itself if the kernels can read it in place (C-contiguous, aligned,
+    native byte order), else one copy that they can. Never modifies ``arr``."""
+    dt = arr.dtype if dtype is None else dtype
+    if not dt.isnative:
+        dt = dt.newbyteorder("=")
+    if arr.dtype == dt and arr.flags.c_contiguous and arr.flags.aligned:
+        return arr
+    # Not np.ascontiguousarray: it keeps misaligned buffers misaligned.
+    out = np.empty(arr.shape, dt)
+    out[...] = arr
+    return out
+
+
 def float_input(x: Any, arg: str) -> np.ndarray:
     """Prepare a floating input for the kernels without changing the caller's array.
 
-    float32/float64/float16/bfloat16 arrays that are C-contiguous and in native
-    byte order pass through untouched (the kernel reads them in place); other
-    layouts cost one copy. Other dtypes raise ``TypeError`` naming ``arg``.
+    float32/float64/float16/bfloat16 arrays that are C-contiguous, aligned and
+    in native byte order pass through untouched (the kernel reads them in
+    place); other layouts cost one copy. Other dtypes raise ``TypeError``
+    naming ``arg``.
     """
     arr = x if isinstance(x, np.ndarray) else np.asarray(x)
     dt = arr.dtype
@@ -47,11 +124,7 @@ def float_input(x: Any, arg: str) -> np.ndarray:
             f"{arg} must be a floating array (float32, float64, float16 or bfloat16), "
             f"got dtype {dt}"
         )
-    if not dt.isnative:
-        return np.ascontiguousarray(arr, dtype=dt.newbyteorder("="))
-    if not arr.flags.c_contiguous:
-        return np.ascontiguousarray(arr)
-    return arr
+    return kernel_layout(arr)
 
 
 def scale_dtype(value: Any) -> np.dtype:
@@ -71,3 +144,25 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     """Mark an array this library created as read-only (results are frozen) and return it."""
     arr.flags.writeable = False
     return arr
+
+
+def frozen_view(arr: np.ndarray) -> np.ndarray:
+    """A read-only view of ``arr`` (the caller's own array keeps its flags)."""
+    if not arr.flags.writeable:
+        return arr
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+def warn(message: str, category: Type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first caller outside this package,
+    however deep inside it (registry, CLI helpers, ...) the warning is raised."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame.f_back is not None and os.path.dirname(
+        os.path.abspath(frame.f_code.co_filename)
+    ).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

@@ -1,28 +1,32 @@
 """The ``ferroquant`` command line (SPEC §8).
 
-    ferroquant quantize IN.safetensors -o OUT.safetensors --scheme blockwise8 [--block-size N]
+    ferroquant quantize IN.safetensors -o OUT.safetensors --scheme NAME [-p KEY=VALUE ...]
     ferroquant quantize --demo -o OUT.safetensors          (all-MiniLM-L6-v2 from its wheel)
     ferroquant inspect FILE
     ferroquant dequantize IN -o OUT
 
 Tensors are read, quantized and written one at a time, so memory stays near
-the largest tensor rather than the model. Errors print one line and exit 1.
+the largest tensor rather than the model. Errors print one line and exit 1;
+usage errors (a missing or unknown option) exit 2. Warnings print one line each.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import __version__
-from ._checks import is_float_dtype
+from ._checks import FLOAT_DTYPES, is_float_dtype
+from ._format import ENTRY_PREFIX
 from .errors import QuantizationError
 from .registry import get_quantizer, list_quantizers
 from .serialization import StreamingWriter, TensorReader
@@ -80,6 +84,39 @@ def error_stats(
     return worst, total / a.size if a.size else 0.0
 
 
+def _ratio(source_bytes: int, held_bytes: int) -> str:
+    return f"{source_bytes / held_bytes:.2f}x" if held_bytes else "-"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (also through links), as far as can be told."""
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _param(text: str) -> Tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as JSON when it parses (``64``, ``true``) else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.replace("-", "_"), value
+
+
+def _source_bytes(value: Any) -> int:
+    """Bytes the value's source tensor had, from its shape and recorded dtype."""
+    dt = FLOAT_DTYPES.get(getattr(value, "dtype", "float32"), FLOAT_DTYPES["float32"])
+    n = 1
+    for d in value.shape:
+        n *= d
+    return n * dt.itemsize
+
+
 def _progress(total: int, enabled: bool) -> Any:
     from tqdm import tqdm  # type: ignore[import-untyped]
 
@@ -92,7 +129,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if not args.demo and not args.input:
         raise CliError("no input: give IN.safetensors, or --demo for the MiniLM weights")
     src = demo_model_path() if args.demo else Path(args.input)
-    params: Dict[str, Any] = {}
+    params: Dict[str, Any] = dict(args.param or [])
     if args.block_size is not None:
         params["block_size"] = args.block_size
     if args.scale_dtype is not None:
@@ -105,10 +142,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise CliError(f"scheme {args.scheme!r} does not take these options: {e}") from None
 
     reader = TensorReader(src)
-    if any(k.startswith("ferroquant:") for k in reader.metadata):
+    if any(k.startswith(ENTRY_PREFIX) for k in reader.metadata):
         raise CliError(f"{src} is already quantized by ferroquant; dequantize it first")
     out = Path(args.output)
-    if out.resolve() == src.resolve():
+    if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
     user_meta = dict(reader.metadata)
     user_meta["ferroquant.source"] = src.name
@@ -125,7 +162,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             in_bytes += arr.nbytes
             if arr.ndim >= 2 and is_float_dtype(arr.dtype):
                 t0 = time.perf_counter()
-                q = quantizer.quantize(arr)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    q = quantizer.quantize(arr)
+                for w in caught:
+                    print(f"ferroquant: warning: {name}: {w.message}", file=sys.stderr)
                 ms = (time.perf_counter() - t0) * 1e3
                 max_err, mean_err = error_stats(arr, quantizer.dequantize(q))
                 writer.add(name, q)
@@ -135,7 +176,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                         name,
                         "x".join(map(str, arr.shape)),
                         quantizer.name,
-                        f"{arr.nbytes / q.nbytes:.2f}x",
+                        _ratio(arr.nbytes, q.nbytes),
                         f"{max_err:.3e}",
                         f"{mean_err:.3e}",
                         f"{ms:.2f}",
@@ -182,10 +223,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 [
                     name,
                     value.scheme,
-                    "quantized",
+                    getattr(value, "dtype", "float32"),
                     "x".join(map(str, value.shape)) or "()",
                     _fmt_bytes(value.nbytes),
-                    f"{value.compression_ratio():.2f}x",
+                    _ratio(_source_bytes(value), value.nbytes),
                 ]
             )
             total += value.nbytes
@@ -196,13 +237,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
-    reader = TensorReader(args.input)
+    src, out = Path(args.input), Path(args.output)
+    if _same_file(src, out):
+        raise CliError("the output file must differ from the input file")
+    reader = TensorReader(src)
     meta = {k: v for k, v in reader.metadata.items() if not k.startswith("ferroquant")}
     n = 0
-    with StreamingWriter(args.output, meta) as writer:
+    with StreamingWriter(out, meta) as writer:
         for name, value in reader.entries():
             if not isinstance(value, np.ndarray):
-                value = value.dequantize()
+                restored = value.dequantize()
+                # Back to the dtype the tensor was quantized from (float16 stays float16).
+                want = FLOAT_DTYPES.get(getattr(value, "dtype", ""), restored.dtype)
+                value = restored if restored.dtype == want else restored.astype(want)
                 n += 1
             writer.add(name, value)
     print(f"dequantized {n} tensors into {args.output}")
@@ -222,12 +269,22 @@ def build_parser() -> argparse.ArgumentParser:
         default="blockwise8",
         help=f"quantizer name (default blockwise8; known: {', '.join(list_quantizers())})",
     )
-    q.add_argument("--block-size", type=int, default=None, help="block size (blockwise8)")
+    q.add_argument(
+        "-p",
+        "--param",
+        type=_param,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a parameter of the scheme's quantizer (repeatable), e.g. -p block_size=32",
+    )
+    q.add_argument(
+        "--block-size", type=int, default=None, help="alias of -p block_size=N (blockwise8)"
+    )
     q.add_argument(
         "--scale-dtype",
         choices=["float16", "float32"],
         default=None,
-        help="scale dtype (blockwise8; default float16)",
+        help="alias of -p scale_dtype=... (blockwise8; default float16)",
     )
     q.add_argument(
         "--demo",
@@ -251,8 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
+
+    def one_line(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
+        text = str(message).splitlines()[0] if str(message) else category.__name__
+        print(f"ferroquant: warning: {text}", file=sys.stderr)
+
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return int(args.func(args))
+    except MemoryError:
+        print("ferroquant: error: out of memory", file=sys.stderr)
+        return 1
     except (CliError, QuantizationError, OSError, TypeError, ValueError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, OSError) and e.filename:

@@ -1,16 +1,15 @@
-"""Built-in quantizers, registered by name at import (SPEC §6)."""
+"""Built-in quantizers, registered by name at import (SPEC §6): the one table of names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._checks import positive_int, scale_dtype
-from .functional import dequantize_blockwise, quantize_blockwise
+from ._checks import is_float_dtype, positive_int, scale_dtype
+from .blockwise import BlockwiseQuantized, dequantize_blockwise, quantize_blockwise
 from .registry import register_quantizer
-from .types import BlockwiseQuantized
 
 __all__ = ["Blockwise8"]
 
@@ -27,10 +26,17 @@ class Blockwise8:
     block_size: int = 64
     scale_dtype: Any = np.float16
     name: str = field(default="blockwise8", init=False)
+    kind: str = field(default="weight", init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_size", positive_int(self.block_size, "block_size"))
         object.__setattr__(self, "scale_dtype", scale_dtype(self.scale_dtype))
+
+    def fits(self, shape: Tuple[int, ...], dtype: np.dtype) -> Optional[str]:
+        """Why an array of this shape and dtype is not quantized with this scheme, or None."""
+        if not is_float_dtype(np.dtype(dtype)):
+            return f"dtype {np.dtype(dtype)} is not floating"
+        return None
 
     def quantize(self, x: Any) -> BlockwiseQuantized:
         """:func:`ferroquant.quantize_blockwise` with this quantizer's parameters."""

@@ -1,0 +1,130 @@
+"""The base of every quantized result dataclass.
+
+A family declares its dataclass fields, which of them are arrays
+(``_arrays``) and which are JSON parameters (``_params``), and its ``scheme``
+tag; :class:`Quantized` then gives it value equality, a one-line ``repr``,
+``nbytes``, the record used by the file format, ``to_bytes`` / ``from_bytes``,
+and registers the scheme with :mod:`ferroquant._format` when the class is
+defined. The family's ``__post_init__`` validates what a user passes; kernel
+results skip that through :meth:`Quantized._trusted`, so small calls stay cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Dict, Mapping, Tuple, Type, TypeVar
+
+import numpy as np
+
+from . import _format
+from .errors import FormatError
+
+Q = TypeVar("Q", bound="Quantized")
+
+
+def arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same dtype, same shape, same values (NaN never appears in a valid value)."""
+    return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def f32_ratio(original: int, compressed: int) -> float:
+    """The seeds' ``original as f32 / compressed as f32`` (1.0 when nothing is held)."""
+    if compressed == 0:
+        return 1.0
+    return float(np.float32(original) / np.float32(compressed))
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+class Quantized:
+    """Base class of ferroquant's frozen result dataclasses (see the module docs)."""
+
+    scheme: ClassVar[str]
+    _arrays: ClassVar[Tuple[str, ...]]
+    _params: ClassVar[Tuple[str, ...]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "scheme" in cls.__dict__:
+            _format.register_scheme(cls.scheme, cls)
+
+    @classmethod
+    def _trusted(cls: Type[Q], **fields: Any) -> Q:
+        """Build from arrays a kernel just made (read-only, consistent): no re-validation."""
+        obj = object.__new__(cls)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            object.__setattr__(obj, f.name, fields[f.name])
+        return obj
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually held by the arrays."""
+        return int(sum(getattr(self, a).nbytes for a in self._arrays))
+
+    def compression_ratio(self) -> float:  # pragma: no cover - every family overrides it
+        raise NotImplementedError
+
+    def _repr_fields(self) -> str:
+        """Family-specific ``key=value`` pairs for ``repr`` (besides shape, scheme, ratio)."""
+        return ""
+
+    def __repr__(self) -> str:
+        extra = self._repr_fields()
+        return (
+            f"{type(self).__name__}(shape={getattr(self, 'shape', None)}, "
+            f"scheme={self.scheme!r}{', ' + extra if extra else ''}, "
+            f"ratio={self.compression_ratio():.2f}x)"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name in self._arrays:
+                if not arrays_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]  # holds arrays: equal by value, not hashable
+
+    # -- the file format ------------------------------------------------------------
+
+    def _record(self) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        """Arrays and JSON-able parameters that describe this value completely."""
+        return (
+            {a: getattr(self, a) for a in self._arrays},
+            {p: _jsonable(getattr(self, p)) for p in self._params},
+        )
+
+    @classmethod
+    def _from_record(
+        cls: Type[Q], arrays: Mapping[str, np.ndarray], params: Mapping[str, Any]
+    ) -> Q:
+        """Rebuild from a record read from untrusted bytes: the constructor
+        validates everything; whatever it refuses is a FormatError."""
+        try:
+            return cls(**arrays, **params)
+        except (TypeError, ValueError) as e:
+            raise _format.as_format_error(cls.scheme, e) from None
+
+    def to_bytes(self) -> bytes:
+        """Serialize to safetensors bytes (see :func:`ferroquant.save`)."""
+        return _format.dump_bytes({_format.SINGLE: self}, None)
+
+    @classmethod
+    def from_bytes(cls: Type[Q], data: bytes) -> Q:
+        """Inverse of :meth:`to_bytes`; raises FormatError on bad bytes."""
+        out = _format.parse_bytes(data)
+        if list(out) != [_format.SINGLE]:
+            raise FormatError(f"bytes hold tensors {sorted(out)[:5]}, not one serialized value")
+        value = out[_format.SINGLE]
+        if not isinstance(value, cls):
+            raise FormatError(f"bytes hold a {type(value).__name__}, not a {cls.__name__}")
+        return value

@@ -1,0 +1,503 @@
+"""The file format under :mod:`ferroquant.serialization`: generic, knows no scheme.
+
+A file is a standard safetensors file. Each quantized value named ``name`` is
+stored as its arrays ``name::<role>`` plus one metadata entry
+``ferroquant:<name>`` whose value is JSON::
+
+    {"format_version": 1, "scheme": "blockwise8", "shape": [...], "dtype": "float32",
+     "block_size": 64, "arrays": {"data": "name::data", "scales": "name::scales"}}
+
+Value classes register their scheme here (``_base.Quantized`` does it for every
+subclass) and declare their array roles and parameters; this module checks an
+entry against that declaration exactly (no missing, unknown or extra key, no
+extra array) and lets the class's own constructor validate the contents. It
+never imports a value class.
+
+Headers are parsed once, by the ``safetensors`` crate (the parser the
+``safetensors`` package wraps), through the native module; tensor bytes are
+then read from the offsets it validated. Files are written through the
+``safetensors`` package to a temporary file in the destination directory and
+renamed into place, with the permissions any tool that creates files gives
+(``0o666`` less the umask, or the mode of the file being replaced).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import stat
+import struct
+import tempfile
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+)
+
+import ml_dtypes
+import numpy as np
+from safetensors import TensorSpec, serialize, serialize_file
+
+from . import _ferroquant as _native
+from ._checks import MAX_NDIM
+from .errors import FormatError, QuantizationError
+
+#: Version of the metadata layout written by this release.
+FORMAT_VERSION = 1
+
+ENTRY_PREFIX = "ferroquant:"
+ROLE_SEP = "::"
+SINGLE = "value"  # name used by to_bytes/from_bytes for one value
+
+#: The largest header the safetensors parser accepts (its MAX_HEADER_SIZE).
+MAX_HEADER = 100_000_000
+
+#: Keys of an entry besides the class's parameters.
+_ENTRY_KEYS = ("format_version", "scheme", "arrays")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# safetensors dtype tag -> numpy dtype, for every tag NumPy or ml_dtypes can
+# hold one element per item of (F4 and F6 pack elements into bits: they cannot).
+_TAGS: Dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype(np.uint16),
+    "I16": np.dtype(np.int16),
+    "U32": np.dtype(np.uint32),
+    "I32": np.dtype(np.int32),
+    "U64": np.dtype(np.uint64),
+    "I64": np.dtype(np.int64),
+    "F16": np.dtype(np.float16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+    "C64": np.dtype(np.complex64),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+}
+if hasattr(ml_dtypes, "float8_e8m0fnu"):
+    _TAGS["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+#: numpy dtype name -> the name the safetensors writer takes (its own spelling).
+_WRITABLE = {dt.name: dt.name for dt in _TAGS.values()}
+
+# -- schemes -------------------------------------------------------------------------
+
+_SCHEMES: Dict[str, type] = {}
+
+
+def register_scheme(scheme: str, cls: type) -> None:
+    """Make ``cls`` the class that files with entries of ``scheme`` decode to."""
+    if scheme in _SCHEMES and _SCHEMES[scheme] is not cls:
+        raise ValueError(f"scheme {scheme!r} is already registered by {_SCHEMES[scheme]!r}")
+    _SCHEMES[scheme] = cls
+
+
+def is_quantized(value: Any) -> bool:
+    """Whether ``value`` is an instance of a registered quantized class."""
+    return type(value) in _SCHEMES.values()
+
+
+def schemes() -> List[str]:
+    """The registered scheme tags."""
+    return sorted(_SCHEMES)
+
+
+# -- writing -------------------------------------------------------------------------
+
+
+def storable(arr: np.ndarray, name: str) -> np.ndarray:
+    """Contiguous, little-endian array safetensors can write (it mis-writes strided ones)."""
+    dt = arr.dtype
+    if dt.newbyteorder("=").name not in _WRITABLE:
+        raise TypeError(f"tensors[{name!r}] has dtype {dt}, which safetensors cannot store")
+    if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
+        arr = arr.astype(dt.newbyteorder("<"))
+    # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def writer_dtype(arr: np.ndarray) -> str:
+    """The dtype name the safetensors writer takes for ``arr``."""
+    return _WRITABLE[arr.dtype.newbyteorder("=").name]
+
+
+def _spec(arr: np.ndarray) -> TensorSpec:
+    return TensorSpec(
+        dtype=writer_dtype(arr),
+        shape=list(arr.shape),
+        data_ptr=arr.ctypes.data,
+        data_len=arr.nbytes,
+    )
+
+
+def specs(flat: Mapping[str, np.ndarray]) -> Dict[str, TensorSpec]:
+    """TensorSpecs for arrays made by :func:`storable` (they must stay alive)."""
+    return {k: _spec(a) for k, a in flat.items()}
+
+
+def user_metadata(metadata: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """Check caller metadata: str -> str, no key in ferroquant's reserved namespace."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping of str to str, got {type(metadata).__name__}")
+    meta: Dict[str, str] = {}
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"metadata must map str to str, got {k!r}: {type(v).__name__}")
+        if k.startswith(ENTRY_PREFIX):
+            raise ValueError(f"metadata key {k!r} is reserved (prefix {ENTRY_PREFIX!r})")
+        meta[k] = v
+    return meta
+
+
+def _entry(name: str, value: Any) -> Tuple[str, Dict[str, np.ndarray]]:
+    arrays, params = value._record()
+    names = {role: f"{name}{ROLE_SEP}{role}" for role in arrays}
+    entry = {"format_version": FORMAT_VERSION, "scheme": value.scheme, **params, "arrays": names}
+    return json.dumps(entry), {names[role]: arr for role, arr in arrays.items()}
+
+
+def flatten(
+    tensors: Mapping[str, Any], metadata: Optional[Mapping[str, str]]
+) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """Split values into the arrays to store and the header metadata describing them."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}"
+        )
+    meta = user_metadata(metadata)
+    flat: Dict[str, np.ndarray] = {}
+
+    def put(key: str, arr: np.ndarray) -> None:
+        if key in flat:
+            raise ValueError(f"tensor name {key!r} is used twice; rename one of the tensors")
+        flat[key] = storable(arr, key)
+
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        if isinstance(value, np.ndarray):
+            put(name, value)
+        elif is_quantized(value):
+            text, arrays = _entry(name, value)
+            meta[ENTRY_PREFIX + name] = text
+            for key, arr in arrays.items():
+                put(key, arr)
+        else:
+            raise TypeError(
+                f"tensors[{name!r}] must be a numpy array or a ferroquant quantized value, "
+                f"got {type(value).__name__}"
+            )
+    return flat, meta
+
+
+def dump_bytes(tensors: Mapping[str, Any], metadata: Optional[Mapping[str, str]]) -> bytes:
+    """The safetensors bytes of ``tensors``."""
+    flat, meta = flatten(tensors, metadata)
+    return bytes(serialize(specs(flat), metadata=meta or None))
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _os_error(code: int, path: str) -> OSError:
+    return OSError(code, os.strerror(code), path)
+
+
+def prepare_destination(path: PathLike) -> Tuple[str, str]:
+    """Check that ``path`` can be written as a file; returns (the user's path, the real one).
+
+    Raises the ``OSError`` subclass ``open`` would, naming the user's path:
+    a missing directory, a directory in place of the file, a file or
+    directory without write permission.
+    """
+    dest = os.fspath(path)
+    if not isinstance(dest, str):
+        dest = os.fsdecode(dest)
+    real = os.path.realpath(dest)
+    parent = os.path.dirname(real) or "."
+    if os.path.isdir(real):
+        raise _os_error(errno.EISDIR, dest)
+    if not os.path.isdir(parent):
+        raise _os_error(errno.ENOENT, dest)
+    if os.path.exists(real) and not os.access(real, os.W_OK):
+        raise _os_error(errno.EACCES, dest)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _os_error(errno.EACCES, dest)
+    return dest, real
+
+
+def write_file(path: PathLike, write: Callable[[str], None]) -> None:
+    """Run ``write(tmp)`` to make the file, then rename it over ``path``.
+
+    A failed write leaves ``path`` as it was. The new file gets the mode of
+    the file it replaces, or ``0o666`` less the umask. Every failure is an
+    ``OSError`` naming the user's path (never an internal temporary name).
+    """
+    dest, real = prepare_destination(path)
+    parent = os.path.dirname(real) or "."
+    try:
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    except OSError as e:
+        raise _os_error(e.errno or errno.EIO, dest) from None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=".ferroquant-", suffix=".tmp")
+    except OSError as e:
+        raise _os_error(e.errno or errno.EIO, dest) from None
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, mode)
+        os.replace(tmp, real)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise _os_error(e.errno or errno.EIO, dest) from None
+        if isinstance(e, Exception) and type(e).__name__ == "SafetensorError":
+            raise OSError(errno.EIO, f"cannot write the file: {e}", dest) from None
+        raise
+
+
+def write_tensors(path: PathLike, spec_map: Mapping[str, TensorSpec], meta: Dict[str, str]) -> None:
+    """Write a safetensors file from TensorSpecs (see :func:`write_file`)."""
+    write_file(path, lambda tmp: serialize_file(dict(spec_map), tmp, metadata=meta or None))
+
+
+# -- reading -------------------------------------------------------------------------
+
+
+class Tensor:
+    """Where one tensor's bytes are: dtype, shape and absolute byte offset."""
+
+    __slots__ = ("dtype_tag", "nbytes", "offset", "shape")
+
+    def __init__(self, dtype_tag: str, shape: List[int], offset: int, nbytes: int) -> None:
+        self.dtype_tag = dtype_tag
+        self.shape = shape
+        self.offset = offset
+        self.nbytes = nbytes
+
+
+def parse_header(
+    read: Callable[[int, int], bytes], size: int, origin: str
+) -> Tuple[Dict[str, str], Dict[str, Tensor]]:
+    """Parse a safetensors header once. ``read(offset, n)`` reads the source.
+
+    Returns the metadata and name -> :class:`Tensor` in file order. Raises
+    FormatError (prefixed with ``origin``) for anything the safetensors
+    parser refuses, or a shape NumPy cannot represent.
+    """
+    bad = f"{origin}: not a valid safetensors file"
+    if size < 8:
+        raise FormatError(f"{bad}: {size} bytes is too short for a header")
+    (n,) = struct.unpack("<Q", read(0, 8))
+    if n > MAX_HEADER:
+        raise FormatError(f"{bad}: header length {n} exceeds the limit of {MAX_HEADER} bytes")
+    if 8 + n > size:
+        raise FormatError(f"{bad}: header length {n} exceeds the {size - 8} bytes that follow")
+    header = read(8, n)
+    if len(header) != n:
+        raise FormatError(f"{bad}: truncated header")
+    try:
+        meta_pairs, entries = _native.parse_safetensors_header(header, size)
+    except FormatError as e:
+        raise FormatError(f"{bad}: {e}") from None
+    tensors: Dict[str, Tensor] = {}
+    base = 8 + n
+    for name, tag, shape, start, end in entries:
+        if len(shape) > MAX_NDIM or any(d > 2**63 - 1 for d in shape):
+            raise FormatError(
+                f"{origin}: tensor {name!r} has shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
+                f"({len(shape)} dimensions), which NumPy cannot represent"
+            )
+        tensors[name] = Tensor(tag, shape, base + start, end - start)
+    return dict(meta_pairs), tensors
+
+
+def array_at(buf: Any, t: Tensor, name: str, origin: str, copy: bool) -> np.ndarray:
+    """The read-only array ``t`` describes inside ``buf`` (a copy if ``copy`` or unaligned)."""
+    dt = _TAGS.get(t.dtype_tag)
+    if dt is None:
+        raise FormatError(
+            f"{origin}: tensor {name!r} has dtype {t.dtype_tag}, which NumPy cannot hold "
+            "(elements narrower than a byte)"
+        )
+    count = t.nbytes // dt.itemsize
+    if count == 0:
+        arr = np.empty(t.shape, dt)
+    else:
+        arr = np.frombuffer(buf, dtype=dt, count=count, offset=t.offset).reshape(t.shape)
+        if copy or not arr.flags.aligned:
+            arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
+def _check_entry(name: str, raw: str, present: Mapping[str, Any]) -> Tuple[type, Dict[str, Any]]:
+    try:
+        entry = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"metadata entry for {name!r} is not valid JSON: {e}") from None
+    if not isinstance(entry, dict):
+        raise FormatError(f"metadata entry for {name!r} must be a JSON object")
+    version = entry.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise FormatError(f"entry {name!r} has no valid format_version: {version!r}")
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"entry {name!r} has format_version {version}; this ferroquant reads up to "
+            f"{FORMAT_VERSION}: upgrade ferroquant"
+        )
+    scheme = entry.get("scheme")
+    cls = _SCHEMES.get(scheme) if isinstance(scheme, str) else None
+    if cls is None:
+        raise FormatError(f"entry {name!r} has unknown scheme {scheme!r}; known: {schemes()}")
+    want_keys = set(_ENTRY_KEYS) | set(cls._params)  # type: ignore[attr-defined]
+    if set(entry) != want_keys:
+        missing = sorted(want_keys - set(entry))
+        extra = sorted(set(entry) - want_keys)
+        raise FormatError(
+            f"entry {name!r} ({scheme}) must have exactly the keys {sorted(want_keys)}"
+            f"{'; missing ' + str(missing) if missing else ''}"
+            f"{'; unknown ' + str(extra) if extra else ''}"
+        )
+    refs = entry["arrays"]
+    roles = set(cls._arrays)  # type: ignore[attr-defined]
+    if not isinstance(refs, dict) or set(refs) != roles:
+        got = sorted(refs) if isinstance(refs, dict) else type(refs).__name__
+        raise FormatError(f"entry {name!r}: 'arrays' must map exactly {sorted(roles)}, got {got}")
+    for arr_name in refs.values():
+        if not isinstance(arr_name, str) or arr_name not in present:
+            raise FormatError(f"entry {name!r} refers to missing tensor {arr_name!r}")
+    return cls, entry
+
+
+def plan(names: Mapping[str, Any], meta: Mapping[str, str]) -> Dict[str, Any]:
+    """Validate every ferroquant entry against the tensors present.
+
+    Returns name -> (class, entry) for quantized values and name -> None for
+    plain arrays, in name order. Reads no tensor data. Every tensor ends up
+    either plain or claimed by exactly one entry: none is dropped.
+    """
+    out: Dict[str, Any] = {}
+    claimed: Dict[str, str] = {}
+    for key in sorted(meta):
+        if not key.startswith(ENTRY_PREFIX):
+            continue
+        name = key[len(ENTRY_PREFIX) :]
+        cls, entry = _check_entry(name, meta[key], names)
+        for arr_name in entry["arrays"].values():
+            if arr_name in claimed:
+                raise FormatError(
+                    f"tensor {arr_name!r} is claimed by entries {claimed[arr_name]!r} and {name!r}"
+                )
+            claimed[arr_name] = name
+        out[name] = (cls, entry)
+    for name in names:
+        if name in claimed:
+            continue
+        if name in out:
+            raise FormatError(f"{name!r} is both a plain tensor and a quantized entry")
+        out[name] = None
+    return dict(sorted(out.items()))
+
+
+def decode(
+    names: Mapping[str, Any], meta: Mapping[str, str], get: Callable[[str], np.ndarray]
+) -> Iterator[Tuple[str, Any]]:
+    """Yield (name, value) in name order, reading each tensor only when its value is due."""
+    for name, how in plan(names, meta).items():
+        if how is None:
+            yield name, get(name)
+        else:
+            cls, entry = how
+            parts = {role: get(arr_name) for role, arr_name in entry["arrays"].items()}
+            params = {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
+            yield name, cls._from_record(parts, params)
+
+
+def parse_bytes(data: Any) -> Dict[str, Any]:
+    """Decode safetensors bytes into name -> value (arrays view ``data`` where aligned)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, got {type(data).__name__}")
+    if not isinstance(data, bytes):
+        data = bytes(data)  # a private, immutable copy the arrays may view
+    buf = data
+    meta, tensors = parse_header(lambda off, n: buf[off : off + n], len(buf), "bytes")
+    return dict(
+        decode(tensors, meta, lambda name: array_at(buf, tensors[name], name, "bytes", False))
+    )
+
+
+class FileReader:
+    """A safetensors file opened for lazy reads: header parsed once, data mapped."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = os.fspath(path)
+        f: IO[bytes] = open(self.path, "rb")  # the usual OSError for missing/unreadable paths
+        try:
+            size = os.fstat(f.fileno()).st_size
+
+            def read(off: int, n: int) -> bytes:
+                f.seek(off)
+                return f.read(n)
+
+            self.metadata, self.tensors = parse_header(read, size, str(self.path))
+            self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        except BaseException:
+            f.close()
+            raise
+        f.close()  # the map keeps the file open
+
+    @property
+    def names(self) -> List[str]:
+        """Tensor names in file order."""
+        return list(self.tensors)
+
+    def get(self, name: str) -> np.ndarray:
+        """A read-only copy of tensor ``name``."""
+        return array_at(self._map, self.tensors[name], name, self.path, True)
+
+    def entries(self) -> Iterator[Tuple[str, Any]]:
+        """Yield (name, value) one at a time (quantized values are rebuilt)."""
+        return decode(self.tensors, self.metadata, self.get)
+
+    def close(self) -> None:
+        """Unmap the file."""
+        self._map.close()
+
+
+def as_format_error(scheme: str, e: Exception) -> FormatError:
+    """A FormatError for an entry whose contents its class refused."""
+    if isinstance(e, FormatError):
+        return e
+    kind = "inconsistent" if isinstance(e, (QuantizationError, ValueError)) else "malformed"
+    return FormatError(f"{kind} {scheme} entry: {e}")
