@@ -82,11 +82,13 @@ fn tails_of_every_length_match_scalar() {
                 simd::absmax_bits(Isa::Scalar, &x)
             );
             for scale in [1.0f32, 0.37, 3.0e-3, 1.1e-40] {
-                let mut a = vec![0i8; n];
-                let mut b = vec![0i8; n];
-                simd::quantize_scaled(isa, &x, scale, &mut a);
-                simd::quantize_scaled(Isa::Scalar, &x, scale, &mut b);
-                assert_eq!(a, b, "isa {isa:?} n {n} scale {scale}");
+                for clip in [127.0f32, 7.0, 1.0] {
+                    let mut a = vec![0i8; n];
+                    let mut b = vec![0i8; n];
+                    simd::quantize_scaled(isa, &x, scale, clip, &mut a);
+                    simd::quantize_scaled(Isa::Scalar, &x, scale, clip, &mut b);
+                    assert_eq!(a, b, "isa {isa:?} n {n} scale {scale} clip {clip}");
+                }
             }
         }
     }

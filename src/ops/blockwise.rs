@@ -14,7 +14,7 @@
 use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::parallel;
-use crate::simd::{self, Isa, F32_INF_BITS};
+use crate::simd::{self, AbsmaxRule, Isa, F32_INF_BITS};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -23,6 +23,13 @@ use rayon::prelude::*;
 /// the staged run stays in L1 between the conversion and the kernel's two
 /// passes (64 KiB stages made f16 input 1.4x slower at 16M elements).
 const STAGE: usize = 4 * 1024;
+
+/// Seed 000's scale rule: `max_abs / 127`, 1.0 for an all-zero block, codes in ±127.
+pub const RULE: AbsmaxRule = AbsmaxRule {
+    divisor: 127.0,
+    zero_scale: 1.0,
+    clip: 127.0,
+};
 
 /// Mutable destination for per-block scales.
 #[derive(Debug)]
@@ -248,13 +255,13 @@ fn quantize_group<T: Float>(
     stage: &mut [f32],
 ) -> std::result::Result<(), usize> {
     if let Some(xf) = T::as_f32_slice(x) {
-        return simd::blockwise_quantize_f32(isa, xf, bs, codes, scales);
+        return simd::absmax_blocks(isa, xf, bs, RULE, codes, scales);
     }
     if x.len() <= stage.len() {
         // The whole group fits the stage: convert once, run the f32 kernel.
         let st = &mut stage[..x.len()];
         T::convert_to_f32(isa, x, st);
-        return simd::blockwise_quantize_f32(isa, st, bs, codes, scales);
+        return simd::absmax_blocks(isa, st, bs, RULE, codes, scales);
     }
     // One block larger than the stage: two passes over it, converting a
     // stage-full at a time, so no block is ever up-cast whole.
@@ -270,13 +277,13 @@ fn quantize_group<T: Float>(
         }
         max_bits = max_bits.max(m);
     }
-    let scale = simd::scalar::block_scale(f32::from_bits(max_bits));
+    let scale = RULE.scale(f32::from_bits(max_bits));
     scales[0] = scale;
     if scale > 0.0 {
         for (xs, cs) in x.chunks(step).zip(codes.chunks_mut(step)) {
             let st = &mut stage[..xs.len()];
             T::convert_to_f32(isa, xs, st);
-            simd::quantize_scaled(isa, st, scale, cs);
+            simd::quantize_scaled(isa, st, scale, RULE.clip, cs);
         }
     } else {
         codes.fill(0);
@@ -359,7 +366,7 @@ fn dequantize_task<S: ScaleStore>(
     for ((cg, sg), og) in groups {
         let tmp = &mut tmp[..sg.len()];
         S::convert_to_f32(isa, sg, tmp);
-        simd::blockwise_dequantize(isa, cg, bs, tmp, og);
+        simd::scaled_blocks_dequantize(isa, cg, bs, tmp, og);
     }
 }
 
@@ -373,6 +380,14 @@ mod tests {
         let mut s = vec![f16::ZERO; num_blocks(x.len(), bs)];
         let r = quantize_blockwise(x, bs, &mut c, ScalesMut::F16(&mut s))?;
         Ok((c, s, r))
+    }
+
+    #[test]
+    fn scale_of_zero_block_is_one() {
+        assert_eq!(RULE.scale(0.0), 1.0);
+        assert_eq!(RULE.scale(127.0), 1.0);
+        // The smallest subnormal divided by 127 underflows to zero.
+        assert_eq!(RULE.scale(f32::from_bits(1)), 0.0);
     }
 
     #[test]

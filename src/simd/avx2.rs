@@ -1,8 +1,8 @@
 //! AVX2 primitives: 8 lanes; tails shorter than a vector go through the
 //! scalar kernel, which computes the same values.
 
+use super::kernels::{Affine, Kernels, Range};
 use super::scalar::{quantize_one, Scalar};
-use super::Kernels;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
@@ -11,7 +11,7 @@ pub(crate) struct Avx2;
 
 /// `clamp(round_half_away(v / s), -127, 127)` as i32 lanes (see avx512::quant16).
 #[inline(always)]
-unsafe fn quant8(v: __m256, s: __m256) -> __m256i {
+unsafe fn quant8(v: __m256, s: __m256, clip: __m256) -> __m256i {
     // SAFETY: the caller runs with AVX2 (the Kernels contract).
     unsafe {
         let y = _mm256_div_ps(v, s);
@@ -22,12 +22,98 @@ unsafe fn quant8(v: __m256, s: __m256) -> __m256i {
         let sign = _mm256_and_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN)));
         let step = _mm256_and_ps(_mm256_or_ps(sign, _mm256_set1_ps(1.0)), up);
         let r = _mm256_add_ps(t, step);
-        let c = _mm256_min_ps(
-            _mm256_max_ps(r, _mm256_set1_ps(-127.0)),
-            _mm256_set1_ps(127.0),
-        );
+        let neg = _mm256_xor_ps(clip, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN)));
+        let c = _mm256_min_ps(_mm256_max_ps(r, neg), clip);
         _mm256_cvttps_epi32(c)
     }
+}
+
+/// The [`Affine`] parameters broadcast to lanes.
+struct AffineLanes {
+    inv: __m256d,
+    zp: __m256d,
+    qmin: __m256d,
+    qmax: __m256d,
+}
+
+impl AffineLanes {
+    #[inline(always)]
+    unsafe fn new(a: Affine) -> Self {
+        // SAFETY: the caller runs with AVX2.
+        unsafe {
+            AffineLanes {
+                inv: _mm256_set1_pd(a.inv),
+                zp: _mm256_set1_pd(a.zp),
+                qmin: _mm256_set1_pd(a.qmin),
+                qmax: _mm256_set1_pd(a.qmax),
+            }
+        }
+    }
+}
+
+/// Affine codes of 4 f64 lanes as i32 lanes, exactly as `scalar::affine_one`
+/// (multiply, then add, never fused; round half away from zero; clamp).
+#[inline(always)]
+unsafe fn affine4(v: __m256d, a: &AffineLanes) -> __m128i {
+    // SAFETY: the caller runs with AVX2.
+    unsafe {
+        let y = _mm256_add_pd(_mm256_mul_pd(v, a.inv), a.zp);
+        let t = _mm256_round_pd::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+        let abs = _mm256_castsi256_pd(_mm256_set1_epi64x(i64::MAX));
+        let frac = _mm256_and_pd(_mm256_sub_pd(y, t), abs);
+        let up = _mm256_cmp_pd::<_CMP_GE_OQ>(frac, _mm256_set1_pd(0.5));
+        let sign = _mm256_and_pd(y, _mm256_castsi256_pd(_mm256_set1_epi64x(i64::MIN)));
+        let step = _mm256_and_pd(_mm256_or_pd(sign, _mm256_set1_pd(1.0)), up);
+        let r = _mm256_add_pd(t, step);
+        let c = _mm256_min_pd(_mm256_max_pd(r, a.qmin), a.qmax);
+        _mm256_cvttpd_epi32(c)
+    }
+}
+
+/// 8 i32 codes (two halves of 4) to 8 bytes, stored at `out`.
+#[inline(always)]
+unsafe fn store8(lo: __m128i, hi: __m128i, out: *mut i8) {
+    // SAFETY: the caller runs with AVX2 and `out` has 8 writable bytes. The
+    // saturating packs are exact: codes are already within i8.
+    unsafe {
+        let w = _mm_packs_epi32(lo, hi);
+        _mm_storel_epi64(out.cast(), _mm_packs_epi16(w, w));
+    }
+}
+
+/// `(q - zp) * scale` for 8 int8 codes (in the low 8 bytes), as two vectors of 4 f64.
+#[inline(always)]
+unsafe fn affine_values8(b: __m128i, zp: __m256d, scale: __m256d) -> (__m256d, __m256d) {
+    // SAFETY: the caller runs with AVX2.
+    unsafe {
+        let q = _mm256_cvtepi8_epi32(b);
+        let lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(q));
+        let hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(q));
+        (
+            _mm256_mul_pd(_mm256_sub_pd(lo, zp), scale),
+            _mm256_mul_pd(_mm256_sub_pd(hi, zp), scale),
+        )
+    }
+}
+
+/// Horizontal min and max of two f64 accumulators.
+#[inline(always)]
+unsafe fn reduce_pd(lo: __m256d, hi: __m256d) -> (f64, f64) {
+    let (mut a, mut b) = ([0f64; 4], [0f64; 4]);
+    // SAFETY: the caller runs with AVX2; stores write 4 doubles each.
+    unsafe {
+        _mm256_storeu_pd(a.as_mut_ptr(), lo);
+        _mm256_storeu_pd(b.as_mut_ptr(), hi);
+    }
+    let min = a
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, |m, v| if v < m { v } else { m });
+    let max = b
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, |m, v| if v > m { v } else { m });
+    (min, max)
 }
 
 /// Convert the whole 8-lane chunks of 16-bit floats (f16 or bf16) to f32 with
@@ -73,7 +159,7 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn quantize_scaled(x: &[f32], scale: f32, out: &mut [i8]) {
+    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
         let mut xc = x.chunks_exact(8);
@@ -82,8 +168,9 @@ impl Kernels for Avx2 {
         // chunk, stores write the 8 bytes of the matching output chunk.
         unsafe {
             let s = _mm256_set1_ps(scale);
+            let clip = _mm256_set1_ps(clip);
             for (c, o) in (&mut xc).zip(&mut oc) {
-                let q = quant8(_mm256_loadu_ps(c.as_ptr()), s);
+                let q = quant8(_mm256_loadu_ps(c.as_ptr()), s, clip);
                 // i32 -> i16 -> i8 with saturation (values are already in range);
                 // the packs interleave 128-bit lanes, so lane 1's bytes sit at 4..8 of the high half.
                 let w = _mm256_packs_epi32(q, q);
@@ -94,7 +181,7 @@ impl Kernels for Avx2 {
             }
         }
         for (o, &v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
-            *o = quantize_one(v, scale);
+            *o = quantize_one(v, scale, clip);
         }
     }
 
@@ -157,5 +244,204 @@ impl Kernels for Avx2 {
         }
         // SAFETY: the scalar kernels need no CPU features.
         unsafe { Scalar::f64_to_f32(xc.remainder(), oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn range_f32(x: &[f32]) -> Range<f32> {
+        let mut xc = x.chunks_exact(8);
+        // SAFETY: AVX2 per the Kernels contract; loads read full chunks of `x`.
+        let (min, max, bad) = unsafe {
+            let (mut lo, mut hi) = (
+                _mm256_set1_pd(f64::INFINITY),
+                _mm256_set1_pd(f64::NEG_INFINITY),
+            );
+            let mut bad = _mm256_setzero_pd();
+            for c in &mut xc {
+                let v = _mm256_loadu_ps(c.as_ptr());
+                // x - x is 0 for finite x and NaN for NaN or ±inf.
+                bad = _mm256_or_pd(
+                    bad,
+                    _mm256_castps_pd(_mm256_cmp_ps::<_CMP_NEQ_UQ>(
+                        _mm256_sub_ps(v, v),
+                        _mm256_setzero_ps(),
+                    )),
+                );
+                // min/max in f64 lanes: exact for f32 values.
+                let a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+                let b = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v));
+                lo = _mm256_min_pd(lo, _mm256_min_pd(a, b));
+                hi = _mm256_max_pd(hi, _mm256_max_pd(a, b));
+            }
+            let (min, max) = reduce_pd(lo, hi);
+            (min as f32, max as f32, _mm256_movemask_pd(bad) != 0)
+        };
+        // SAFETY: the scalar kernels need no CPU features.
+        let tail = unsafe { Scalar::range_f32(xc.remainder()) };
+        Range {
+            min: if tail.min < min { tail.min } else { min },
+            max: if tail.max > max { tail.max } else { max },
+            non_finite: bad || tail.non_finite,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn range_f64(x: &[f64]) -> Range<f64> {
+        let mut xc = x.chunks_exact(4);
+        // SAFETY: AVX2 per the Kernels contract; loads read full chunks of `x`.
+        let (min, max, bad) = unsafe {
+            let (mut lo, mut hi) = (
+                _mm256_set1_pd(f64::INFINITY),
+                _mm256_set1_pd(f64::NEG_INFINITY),
+            );
+            let mut bad = _mm256_setzero_pd();
+            for c in &mut xc {
+                let v = _mm256_loadu_pd(c.as_ptr());
+                bad = _mm256_or_pd(
+                    bad,
+                    _mm256_cmp_pd::<_CMP_NEQ_UQ>(_mm256_sub_pd(v, v), _mm256_setzero_pd()),
+                );
+                lo = _mm256_min_pd(lo, v);
+                hi = _mm256_max_pd(hi, v);
+            }
+            let (min, max) = reduce_pd(lo, hi);
+            (min, max, _mm256_movemask_pd(bad) != 0)
+        };
+        // SAFETY: the scalar kernels need no CPU features.
+        let tail = unsafe { Scalar::range_f64(xc.remainder()) };
+        Range {
+            min: if tail.min < min { tail.min } else { min },
+            max: if tail.max > max { tail.max } else { max },
+            non_finite: bad || tail.non_finite,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 per the Kernels contract; 8 floats read and 8 bytes
+        // written per full chunk.
+        unsafe {
+            let l = AffineLanes::new(a);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let lo = affine4(_mm256_cvtps_pd(_mm_loadu_ps(c.as_ptr())), &l);
+                let hi = affine4(_mm256_cvtps_pd(_mm_loadu_ps(c.as_ptr().add(4))), &l);
+                store8(lo, hi, o.as_mut_ptr());
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::affine_quantize_f32(xc.remainder(), a, oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 per the Kernels contract; 8 doubles read and 8 bytes
+        // written per full chunk.
+        unsafe {
+            let l = AffineLanes::new(a);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let lo = affine4(_mm256_loadu_pd(c.as_ptr()), &l);
+                let hi = affine4(_mm256_loadu_pd(c.as_ptr().add(4)), &l);
+                store8(lo, hi, o.as_mut_ptr());
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::affine_quantize_f64(xc.remainder(), a, oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]) {
+        let n = q.len().min(out.len());
+        let (q, out) = (&q[..n], &mut out[..n]);
+        let mut qc = q.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 per the Kernels contract; 8 bytes read and 8 floats written
+        // per full chunk. vcvtpd2ps rounds to nearest even, as `as f32` does.
+        unsafe {
+            let (z, s) = (_mm256_set1_pd(zp), _mm256_set1_pd(scale));
+            for (c, o) in (&mut qc).zip(&mut oc) {
+                let (lo, hi) = affine_values8(_mm_loadl_epi64(c.as_ptr().cast()), z, s);
+                _mm_storeu_ps(o.as_mut_ptr(), _mm256_cvtpd_ps(lo));
+                _mm_storeu_ps(o.as_mut_ptr().add(4), _mm256_cvtpd_ps(hi));
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::affine_dequantize_f32(qc.remainder(), zp, scale, oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn affine_dequantize_f64(q: &[i8], zp: f64, scale: f64, out: &mut [f64]) {
+        let n = q.len().min(out.len());
+        let (q, out) = (&q[..n], &mut out[..n]);
+        let mut qc = q.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 per the Kernels contract; 8 bytes read and 8 doubles written
+        // per full chunk.
+        unsafe {
+            let (z, s) = (_mm256_set1_pd(zp), _mm256_set1_pd(scale));
+            for (c, o) in (&mut qc).zip(&mut oc) {
+                let (lo, hi) = affine_values8(_mm_loadl_epi64(c.as_ptr().cast()), z, s);
+                _mm256_storeu_pd(o.as_mut_ptr(), lo);
+                _mm256_storeu_pd(o.as_mut_ptr().add(4), hi);
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::affine_dequantize_f64(qc.remainder(), zp, scale, oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn pack_int4(q: &[i8], out: &mut [u8]) {
+        let n = (q.len() / 2).min(out.len());
+        let (q, out) = (&q[..2 * n], &mut out[..n]);
+        let mut qc = q.chunks_exact(32);
+        let mut oc = out.chunks_exact_mut(16);
+        // SAFETY: AVX2 per the Kernels contract; 32 codes read and 16 bytes written
+        // per full chunk. packus is exact: every 16-bit lane is at most 0xff.
+        unsafe {
+            let low = _mm256_set1_epi16(0x000f);
+            let high = _mm256_set1_epi16(0x00f0);
+            for (c, o) in (&mut qc).zip(&mut oc) {
+                let w = _mm256_loadu_si256(c.as_ptr().cast());
+                let r = _mm256_or_si256(
+                    _mm256_and_si256(w, low),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(w), high),
+                );
+                let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(r, r));
+                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(p));
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::pack_int4(qc.remainder(), oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn unpack_int4(p: &[u8], out: &mut [i8]) {
+        let n = p.len().min(out.len() / 2);
+        let (p, out) = (&p[..n], &mut out[..2 * n]);
+        let mut pc = p.chunks_exact(16);
+        let mut oc = out.chunks_exact_mut(32);
+        // SAFETY: AVX2 per the Kernels contract; 16 bytes read and 32 codes
+        // written per full chunk.
+        unsafe {
+            let low = _mm256_set1_epi16(0x000f);
+            let eight = _mm256_set1_epi8(8);
+            for (c, o) in (&mut pc).zip(&mut oc) {
+                let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(c.as_ptr().cast()));
+                let pair = _mm256_or_si256(
+                    _mm256_and_si256(w, low),
+                    _mm256_slli_epi16::<8>(_mm256_srli_epi16::<4>(w)),
+                );
+                let v = _mm256_sub_epi8(_mm256_xor_si256(pair, eight), eight);
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), v);
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::unpack_int4(pc.remainder(), oc.into_remainder()) };
     }
 }

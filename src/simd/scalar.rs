@@ -1,31 +1,61 @@
-//! Portable kernels: the executable specification every SIMD path must equal.
+//! Portable primitives: the executable specification every SIMD path must equal.
 
-use super::Kernels;
-use crate::round::round_f32;
+use super::kernels::{Affine, Kernels, Range};
+use crate::round::{round_f32, round_f64};
 use half::{bf16, f16};
 
 /// The scalar ISA marker.
 pub(crate) struct Scalar;
 
-/// Seed 000's per-block scale: `max_abs / 127` if `max_abs > 0`, else 1.0 (f32).
+/// One absmax code: `clamp(round(v / scale), -clip, clip)` (seed 000's formula).
 #[inline(always)]
-pub fn block_scale(max_abs: f32) -> f32 {
-    if max_abs > 0.0 {
-        max_abs / 127.0
-    } else {
-        1.0
-    }
+pub fn quantize_one(v: f32, scale: f32, clip: f32) -> i8 {
+    round_f32(v / scale).clamp(-clip, clip) as i8
 }
 
-/// Seed 000's code for one value: `clamp(round(v / scale), -127, 127)`.
+/// One affine code: `clamp(round(v * inv + zp), qmin, qmax)`, a multiply then
+/// an add, each rounded (seed 001's `(v * inv_scale + zero_point).round().clamp(..)`).
 #[inline(always)]
-pub fn quantize_one(v: f32, scale: f32) -> i8 {
-    round_f32(v / scale).clamp(-127.0, 127.0) as i8
+pub fn affine_one(v: f64, a: Affine) -> i8 {
+    round_f64(v * a.inv + a.zp).clamp(a.qmin, a.qmax) as i8
+}
+
+/// One affine value back: `(q - zp) * scale` in f64.
+#[inline(always)]
+pub fn affine_value(q: i8, zp: f64, scale: f64) -> f64 {
+    (q as f64 - zp) * scale
+}
+
+/// Sign-extend the low nibble of `b`.
+#[inline(always)]
+pub fn nibble(b: u8) -> i8 {
+    (((b & 0x0f) ^ 0x08) as i8) - 8
 }
 
 /// Index of the first NaN or infinity in `x` (`x.len()` if none).
 pub fn first_non_finite(x: &[f32]) -> usize {
     x.iter().position(|v| !v.is_finite()).unwrap_or(x.len())
+}
+
+/// Index of the first NaN or infinity in `x` (`x.len()` if none).
+pub fn first_non_finite_f64(x: &[f64]) -> usize {
+    x.iter().position(|v| !v.is_finite()).unwrap_or(x.len())
+}
+
+macro_rules! range_impl {
+    ($x:expr, $t:ty) => {{
+        let mut r = Range {
+            min: <$t>::INFINITY,
+            max: <$t>::NEG_INFINITY,
+            non_finite: false,
+        };
+        for &v in $x {
+            r.non_finite |= !v.is_finite();
+            r.min = if v < r.min { v } else { r.min };
+            r.max = if v > r.max { v } else { r.max };
+        }
+        r
+    }};
 }
 
 impl Kernels for Scalar {
@@ -37,9 +67,9 @@ impl Kernels for Scalar {
     }
 
     #[inline(always)]
-    unsafe fn quantize_scaled(x: &[f32], scale: f32, out: &mut [i8]) {
+    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) {
         for (o, &v) in out.iter_mut().zip(x) {
-            *o = quantize_one(v, scale);
+            *o = quantize_one(v, scale, clip);
         }
     }
 
@@ -70,6 +100,59 @@ impl Kernels for Scalar {
             *o = v as f32;
         }
     }
+
+    #[inline(always)]
+    unsafe fn range_f32(x: &[f32]) -> Range<f32> {
+        range_impl!(x, f32)
+    }
+
+    #[inline(always)]
+    unsafe fn range_f64(x: &[f64]) -> Range<f64> {
+        range_impl!(x, f64)
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = affine_one(v as f64, a);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = affine_one(v, a);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]) {
+        for (o, &c) in out.iter_mut().zip(q) {
+            *o = affine_value(c, zp, scale) as f32;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_dequantize_f64(q: &[i8], zp: f64, scale: f64, out: &mut [f64]) {
+        for (o, &c) in out.iter_mut().zip(q) {
+            *o = affine_value(c, zp, scale);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn pack_int4(q: &[i8], out: &mut [u8]) {
+        for (o, pair) in out.iter_mut().zip(q.chunks_exact(2)) {
+            *o = (pair[0] as u8 & 0x0f) | ((pair[1] as u8 & 0x0f) << 4);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn unpack_int4(p: &[u8], out: &mut [i8]) {
+        for (&b, pair) in p.iter().zip(out.chunks_exact_mut(2)) {
+            pair[0] = nibble(b);
+            pair[1] = nibble(b >> 4);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -77,31 +160,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scale_of_zero_block_is_one() {
-        assert_eq!(block_scale(0.0), 1.0);
-        assert_eq!(block_scale(127.0), 1.0);
-        // The smallest subnormal divided by 127 underflows to zero.
-        assert_eq!(block_scale(f32::from_bits(1)), 0.0);
-    }
-
-    #[test]
     fn codes_round_half_away_and_clamp() {
-        assert_eq!(quantize_one(0.5, 1.0), 1);
-        assert_eq!(quantize_one(-0.5, 1.0), -1);
-        assert_eq!(quantize_one(-2.5, 1.0), -3);
-        assert_eq!(quantize_one(1000.0, 1.0), 127);
-        assert_eq!(quantize_one(-1000.0, 1.0), -127);
+        assert_eq!(quantize_one(0.5, 1.0, 127.0), 1);
+        assert_eq!(quantize_one(-0.5, 1.0, 127.0), -1);
+        assert_eq!(quantize_one(-2.5, 1.0, 127.0), -3);
+        assert_eq!(quantize_one(1000.0, 1.0, 127.0), 127);
+        assert_eq!(quantize_one(-1000.0, 1.0, 7.0), -7);
     }
 
     #[test]
-    fn absmax_bits_flags_non_finite() {
+    fn affine_codes_multiply_then_add() {
+        let a = Affine {
+            inv: 0.1,
+            zp: 3.0,
+            qmin: -8.0,
+            qmax: 7.0,
+        };
+        // 25 * 0.1 rounds to 2.5 in f64; + 3 = 5.5, a tie: away from zero.
+        assert_eq!(affine_one(25.0, a), 6);
+        assert_eq!(affine_one(-5.0, a), 3); // -0.5 + 3 = 2.5 -> 3 (away from zero)
+        assert_eq!(affine_one(-1000.0, a), -8);
+        assert_eq!(affine_one(1e300, a), 7);
+        assert_eq!(affine_value(-8, 3.0, 0.5), -5.5);
+    }
+
+    #[test]
+    fn int4_pack_round_trips_every_pair() {
+        let mut q = Vec::new();
+        for lo in -8i8..=7 {
+            for hi in -8i8..=7 {
+                q.extend([lo, hi]);
+            }
+        }
+        let mut p = vec![0u8; q.len() / 2];
+        let mut back = vec![0i8; q.len()];
         // SAFETY: the scalar kernels need no CPU features.
-        let m = unsafe { Scalar::absmax_bits(&[1.0, -3.0, 2.0]) };
-        assert_eq!(f32::from_bits(m), 3.0);
+        unsafe {
+            Scalar::pack_int4(&q, &mut p);
+            Scalar::unpack_int4(&p, &mut back);
+        }
+        assert_eq!(back, q);
+        assert_eq!(p[0], 0x88); // -8, -8
+        assert_eq!(nibble(0x0f), -1);
+    }
+
+    #[test]
+    fn range_flags_non_finite() {
+        // SAFETY: the scalar kernels need no CPU features.
+        let r = unsafe { Scalar::range_f32(&[1.0, -3.0, 2.0]) };
+        assert_eq!((r.min, r.max, r.non_finite), (-3.0, 2.0, false));
+        let r = unsafe { Scalar::range_f64(&[1.0, f64::NAN]) };
+        assert!(r.non_finite);
         let m = unsafe { Scalar::absmax_bits(&[1.0, f32::NEG_INFINITY]) };
         assert!(m >= super::super::F32_INF_BITS);
-        let m = unsafe { Scalar::absmax_bits(&[f32::NAN]) };
-        assert!(m > super::super::F32_INF_BITS);
         assert_eq!(first_non_finite(&[0.0, 1.0, f32::NAN]), 2);
     }
 }

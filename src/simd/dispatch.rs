@@ -1,0 +1,192 @@
+//! Runtime dispatch: one `#[target_feature]` entry point per tier around each
+//! generic loop or primitive, and the safe function that picks among them.
+//!
+//! The match over tiers is exhaustive (no `_ =>` arm): a new tier must say
+//! which implementation it runs, and a tier without its own primitive falls to
+//! its base tier's, never silently to scalar.
+
+use super::kernels::{AbsmaxRule, Affine, Kernels, Range, F32_INF_BITS};
+use super::scalar::{self, Scalar};
+use super::Isa;
+#[cfg(target_arch = "x86_64")]
+use super::{avx2::Avx2, avx512::Avx512};
+use half::{bf16, f16};
+
+/// Generates one `#[target_feature]` entry point per ISA around a generic
+/// function, and the safe dispatcher that picks among them.
+macro_rules! dispatch {
+    ($(#[$doc:meta])* pub fn $name:ident = $($generic:ident)::+($($arg:ident: $ty:ty),*) -> $ret:ty;) => {
+        $(#[$doc])*
+        pub fn $name(isa: Isa, $($arg: $ty),*) -> $ret {
+            match isa.usable() {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => {
+                    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+                    unsafe fn entry($($arg: $ty),*) -> $ret {
+                        // SAFETY: compiled with the AVX-512 features the kernels use.
+                        unsafe { $($generic)::+::<Avx512>($($arg),*) }
+                    }
+                    // SAFETY: `usable()` returned Avx512, so the CPU supports it.
+                    unsafe { entry($($arg),*) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => {
+                    #[target_feature(enable = "avx2,f16c")]
+                    unsafe fn entry($($arg: $ty),*) -> $ret {
+                        // SAFETY: compiled with AVX2 and F16C, which the kernels use.
+                        unsafe { $($generic)::+::<Avx2>($($arg),*) }
+                    }
+                    // SAFETY: `usable()` returned Avx2, so the CPU supports it.
+                    unsafe { entry($($arg),*) }
+                }
+                // SAFETY: the scalar kernels use no special instructions.
+                Isa::Scalar => unsafe { $($generic)::+::<Scalar>($($arg),*) },
+                // Tiers compiled only for x86-64 cannot be `usable()` elsewhere.
+                #[cfg(not(target_arch = "x86_64"))]
+                Isa::Avx2 | Isa::Avx512 => unreachable!("usable() returned an x86-64 tier"),
+            }
+        }
+    };
+}
+
+/// A primitive of [`Kernels`] exposed as a dispatched function.
+macro_rules! primitive {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        paste_generic!($(#[$doc])* $name, $name, ($($arg: $ty),*), $ret);
+    };
+}
+
+macro_rules! paste_generic {
+    ($(#[$doc:meta])* $name:ident, $prim:ident, ($($arg:ident: $ty:ty),*), $ret:ty) => {
+        mod $name {
+            use super::*;
+            #[inline(always)]
+            pub(super) unsafe fn generic<K: Kernels>($($arg: $ty),*) -> $ret {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { K::$prim($($arg),*) }
+            }
+        }
+        dispatch! {
+            $(#[$doc])*
+            pub fn $name = $name::generic($($arg: $ty),*) -> $ret;
+        }
+    };
+}
+
+/// Blockwise absmax loop over f32: per block, max |x| (non-finite check fused),
+/// the rule's scale, then codes. Writes each block's f32 scale to `scales`;
+/// returns the index (into `x`) of the first non-finite element, if any, at
+/// which point it stops. A loop in `simd/` because a block (64 elements) is
+/// too small a unit to dispatch on its own.
+#[inline(always)]
+unsafe fn absmax_blocks_generic<K: Kernels>(
+    x: &[f32],
+    block: usize,
+    rule: AbsmaxRule,
+    codes: &mut [i8],
+    scales: &mut [f32],
+) -> Result<(), usize> {
+    let blocks = x.chunks(block).zip(codes.chunks_mut(block));
+    for (b, ((xb, cb), s)) in blocks.zip(scales.iter_mut()).enumerate() {
+        // SAFETY: forwarded from this function's contract (caller has K's features).
+        let m = unsafe { K::absmax_bits(xb) };
+        if m >= F32_INF_BITS {
+            return Err(b * block + scalar::first_non_finite(xb));
+        }
+        let scale = rule.scale(f32::from_bits(m));
+        *s = scale;
+        if scale > 0.0 {
+            // SAFETY: as above.
+            unsafe { K::quantize_scaled(xb, scale, rule.clip, cb) };
+        } else {
+            cb.fill(0);
+        }
+    }
+    Ok(())
+}
+
+#[inline(always)]
+unsafe fn scaled_blocks_dequantize_generic<K: Kernels>(
+    codes: &[i8],
+    block: usize,
+    scales: &[f32],
+    out: &mut [f32],
+) {
+    let blocks = codes.chunks(block).zip(out.chunks_mut(block));
+    for ((cb, ob), &s) in blocks.zip(scales) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { K::dequantize_scaled(cb, s, ob) };
+    }
+}
+
+dispatch! {
+    /// Quantize consecutive blocks of `x` (the last may be short) to codes and
+    /// f32 scales by `rule`. `Err(i)`: `x[i]` is the first non-finite value.
+    pub fn absmax_blocks = absmax_blocks_generic(
+        x: &[f32], block: usize, rule: AbsmaxRule, codes: &mut [i8], scales: &mut [f32]
+    ) -> Result<(), usize>;
+}
+
+dispatch! {
+    /// Dequantize consecutive blocks: `out[i] = codes[i] as f32 * scales[i / block]`.
+    pub fn scaled_blocks_dequantize = scaled_blocks_dequantize_generic(
+        codes: &[i8], block: usize, scales: &[f32], out: &mut [f32]
+    ) -> ();
+}
+
+primitive!(
+    /// Bits of max |x| (`>= F32_INF_BITS` iff some element is non-finite).
+    absmax_bits(x: &[f32]) -> u32
+);
+primitive!(
+    /// `out[i] = clamp(round(x[i] / scale), -clip, clip)` (scale > 0).
+    quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) -> ()
+);
+primitive!(
+    /// `out[i] = q[i] as f32 * scale`.
+    dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]) -> ()
+);
+primitive!(
+    /// float16 -> float32 (exact), over `min(len)`.
+    f16_to_f32(x: &[f16], out: &mut [f32]) -> ()
+);
+primitive!(
+    /// bfloat16 -> float32 (exact), over `min(len)`.
+    bf16_to_f32(x: &[bf16], out: &mut [f32]) -> ()
+);
+primitive!(
+    /// float64 -> float32 (round to nearest even, as `as f32`), over `min(len)`.
+    f64_to_f32(x: &[f64], out: &mut [f32]) -> ()
+);
+primitive!(
+    /// Min, max and non-finite flag of an f32 run.
+    range_f32(x: &[f32]) -> Range<f32>
+);
+primitive!(
+    /// Min, max and non-finite flag of an f64 run.
+    range_f64(x: &[f64]) -> Range<f64>
+);
+primitive!(
+    /// Affine codes of f32 values, computed in f64 (see [`Affine`]).
+    affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]) -> ()
+);
+primitive!(
+    /// Affine codes of f64 values (see [`Affine`]).
+    affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]) -> ()
+);
+primitive!(
+    /// `((q - zp) * scale) as f32`, computed in f64.
+    affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]) -> ()
+);
+primitive!(
+    /// `(q - zp) * scale` in f64.
+    affine_dequantize_f64(q: &[i8], zp: f64, scale: f64, out: &mut [f64]) -> ()
+);
+primitive!(
+    /// Pack pairs of int4 codes into bytes (element 2i in the low nibble).
+    pack_int4(q: &[i8], out: &mut [u8]) -> ()
+);
+primitive!(
+    /// Unpack bytes into sign-extended int4 codes (low nibble first).
+    unpack_int4(p: &[u8], out: &mut [i8]) -> ()
+);

@@ -1,0 +1,132 @@
+//! The table of instruction-set tiers, runtime detection, and the
+//! `FERROQUANT_SIMD` cap.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Name of the environment variable that caps the instruction set.
+pub const ENV_SIMD: &str = "FERROQUANT_SIMD";
+
+/// Why the `FERROQUANT_SIMD` value in the environment is ignored, if it is.
+pub fn env_warning() -> Option<String> {
+    let raw = std::env::var(ENV_SIMD).ok()?;
+    if Isa::from_name(raw.trim()).is_some() {
+        return None;
+    }
+    let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
+    Some(format!(
+        "{ENV_SIMD}={raw:?} is not one of {}; it is ignored",
+        names.join(", ")
+    ))
+}
+
+/// An instruction set the kernels can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust; the reference every other path must equal.
+    Scalar,
+    /// x86-64 AVX2 with F16C (256-bit; every AVX2 CPU has F16C).
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL (512-bit, masked tails).
+    Avx512,
+}
+
+impl Isa {
+    /// Lower-case name, as `ferroquant.simd_isa()` reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this CPU can run the ISA.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every ISA this CPU supports, scalar first.
+    pub fn supported() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+    }
+
+    /// Every tier, lowest first.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// The tier named `name` (as [`Isa::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name() == name)
+    }
+
+    /// The best supported ISA, capped by `FERROQUANT_SIMD` (`scalar`, `avx2`,
+    /// `avx512`; any other value is ignored, and [`env_warning`] says so).
+    /// Decided once per process.
+    ///
+    /// Cached in an atomic rather than a `OnceLock`: racing first calls both
+    /// detect (the same answer) and nothing ever blocks, so a `fork()` during
+    /// detection cannot leave a child waiting on an initialisation that will
+    /// never finish.
+    pub fn detected() -> Isa {
+        static DETECTED: AtomicU8 = AtomicU8::new(0);
+        let cached = DETECTED.load(Ordering::Acquire);
+        if let Some(&isa) = Isa::ALL.get((cached as usize).wrapping_sub(1)) {
+            return isa;
+        }
+        let cap = std::env::var(ENV_SIMD)
+            .ok()
+            .and_then(|v| Isa::from_name(v.trim()))
+            .unwrap_or(Isa::Avx512);
+        let isa = cap.usable();
+        let index = Isa::ALL.iter().position(|&i| i == isa).unwrap_or(0);
+        DETECTED.store(index as u8 + 1, Ordering::Release);
+        isa
+    }
+
+    /// `self` if this CPU supports it, else the best supported ISA below it.
+    /// Dispatch goes through this, so a caller can never run unsupported code.
+    pub(crate) fn usable(self) -> Isa {
+        if self.is_supported() {
+            self
+        } else {
+            Isa::supported()
+                .into_iter()
+                .filter(|&i| i <= self)
+                .max()
+                .unwrap_or(Isa::Scalar)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detected_is_supported() {
+        assert!(Isa::detected().is_supported());
+        assert_eq!(Isa::supported()[0], Isa::Scalar);
+    }
+
+    #[test]
+    fn usable_never_exceeds_support() {
+        for isa in Isa::ALL {
+            assert!(isa.usable().is_supported());
+            assert!(isa.usable() <= isa);
+        }
+    }
+}

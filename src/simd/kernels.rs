@@ -1,0 +1,104 @@
+//! The primitive traits: what each ISA implements over one contiguous run.
+//!
+//! Primitives know no scheme: a clip, a scale rule or an affine map is a
+//! parameter, chosen by the family in `ops/`. The scalar implementation
+//! (`scalar.rs`) is the specification of every primitive.
+
+use half::{bf16, f16};
+
+/// Bits of `+inf` in f32: an absolute value's bits at or above this are non-finite.
+pub const F32_INF_BITS: u32 = 0x7f80_0000;
+
+/// A per-group scale rule from the group's max |x| (blockwise, per-token and
+/// per-row schemes): `scale = max_abs / divisor` if `max_abs > 0`, else
+/// `zero_scale`; codes `clamp(round(v / scale), -clip, clip)`, or all 0 when
+/// the scale is not positive (it underflowed, or `zero_scale` is 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AbsmaxRule {
+    /// What max |x| is divided by (127 for int8).
+    pub divisor: f32,
+    /// The scale of an all-zero group.
+    pub zero_scale: f32,
+    /// Codes are clamped to `[-clip, clip]`.
+    pub clip: f32,
+}
+
+impl AbsmaxRule {
+    /// The group scale for `max_abs` (finite, >= 0).
+    #[inline(always)]
+    pub fn scale(&self, max_abs: f32) -> f32 {
+        if max_abs > 0.0 {
+            max_abs / self.divisor
+        } else {
+            self.zero_scale
+        }
+    }
+}
+
+/// An affine map to integer codes in f64 (seed 001):
+/// `q = clamp(round_half_away(v * inv + zp), qmin, qmax)` — a multiply, then an
+/// add, each rounded (never fused).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Affine {
+    /// `1 / scale`, or 0 when `|scale| < 1e-30`.
+    pub inv: f64,
+    /// The zero point (an integer value).
+    pub zp: f64,
+    /// The smallest code.
+    pub qmin: f64,
+    /// The largest code.
+    pub qmax: f64,
+}
+
+/// Min and max of a run, and whether it holds a NaN or an infinity (then
+/// `min`/`max` are meaningless).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Range<T> {
+    /// The smallest element (+inf for an empty run).
+    pub min: T,
+    /// The largest element (-inf for an empty run).
+    pub max: T,
+    /// Some element is NaN or infinite.
+    pub non_finite: bool,
+}
+
+/// The per-ISA primitives the generic loops are built from.
+///
+/// # Safety
+/// Implementations may use instructions of their ISA: call them only from a
+/// function compiled with (and a CPU that has) those target features. Every
+/// primitive works over `min(len)` of its slices unless it says otherwise.
+pub(crate) trait Kernels {
+    /// Largest `bits(x) & 0x7fff_ffff` over `x` (0 for empty): the bits of
+    /// max |x|, and `>= F32_INF_BITS` iff some element is NaN or infinite.
+    unsafe fn absmax_bits(x: &[f32]) -> u32;
+    /// `out[i] = clamp(round_half_away(x[i] / scale), -clip, clip)`.
+    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]);
+    /// `out[i] = q[i] as f32 * scale`.
+    unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]);
+    /// `out[i] = f32(x[i])`, exact.
+    unsafe fn f16_to_f32(x: &[f16], out: &mut [f32]);
+    /// `out[i] = f32(x[i])`, exact.
+    unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]);
+    /// `out[i] = x[i] as f32` (round to nearest even).
+    unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]);
+
+    /// Min, max and the non-finite flag of an f32 run, in one pass.
+    unsafe fn range_f32(x: &[f32]) -> Range<f32>;
+    /// Min, max and the non-finite flag of an f64 run, in one pass.
+    unsafe fn range_f64(x: &[f64]) -> Range<f64>;
+    /// `out[i] = affine code of (x[i] as f64)` (see [`Affine`]).
+    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]);
+    /// `out[i] = affine code of x[i]` (see [`Affine`]).
+    unsafe fn affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]);
+    /// `out[i] = ((q[i] as f64 - zp) * scale) as f32`.
+    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]);
+    /// `out[i] = (q[i] as f64 - zp) * scale`.
+    unsafe fn affine_dequantize_f64(q: &[i8], zp: f64, scale: f64, out: &mut [f64]);
+    /// Pack pairs of 4-bit two's-complement codes: `out[i] = (q[2i] & 15) |
+    /// (q[2i+1] & 15) << 4`, over `min(q.len() / 2, out.len())` bytes.
+    unsafe fn pack_int4(q: &[i8], out: &mut [u8]);
+    /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
+    /// the high one, over `min(p.len(), out.len() / 2)` bytes.
+    unsafe fn unpack_int4(p: &[u8], out: &mut [i8]);
+}
