@@ -38,6 +38,55 @@ pub trait Float: Copy + Send + Sync + 'static + private::Sealed {
         let _ = src;
         None
     }
+
+    /// The slice itself when `Self` is `f64`, so f64 kernels read in place.
+    fn as_f64_slice(src: &[Self]) -> Option<&[f64]> {
+        let _ = src;
+        None
+    }
+
+    /// The slice itself when `Self` is `f32`, so f32 kernels write in place.
+    fn as_f32_mut(dst: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = dst;
+        None
+    }
+
+    /// The slice itself when `Self` is `f64`, so f64 kernels write in place.
+    fn as_f64_mut(dst: &mut [Self]) -> Option<&mut [f64]> {
+        let _ = dst;
+        None
+    }
+
+    /// `x` rounded once, to nearest even, to `Self` (SPEC: a dequantized f64
+    /// result is rounded once to the output dtype).
+    fn from_f64_once(x: f64) -> Self;
+
+    /// [`Float::from_f64_once`] over a run, `min(len)` elements.
+    fn convert_from_f64(isa: Isa, src: &[f64], dst: &mut [Self]) {
+        let _ = isa;
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::from_f64_once(s);
+        }
+    }
+}
+
+/// `x` rounded to f32 *to odd*: exact values stay, an inexact one becomes the
+/// f32 toward zero with its last bit set. Rounding that result to nearest-even
+/// at 8 or 11 significant bits equals rounding `x` there directly (f32 keeps
+/// more than two extra bits), so f64 -> f16/bf16 rounds once. (A plain
+/// `x as f32` first would round twice and miss a tie by the dropped bits.)
+#[inline]
+pub fn f64_to_f32_round_to_odd(x: f64) -> f32 {
+    let f = x as f32;
+    if f as f64 == x || x.is_nan() {
+        return f;
+    }
+    let toward_zero = if (f as f64).abs() > x.abs() {
+        f32::from_bits(f.to_bits() - 1)
+    } else {
+        f
+    };
+    f32::from_bits(toward_zero.to_bits() | 1)
 }
 
 impl Float for f32 {
@@ -57,6 +106,16 @@ impl Float for f32 {
     fn as_f32_slice(src: &[Self]) -> Option<&[f32]> {
         Some(src)
     }
+    fn as_f32_mut(dst: &mut [Self]) -> Option<&mut [f32]> {
+        Some(dst)
+    }
+    #[inline(always)]
+    fn from_f64_once(x: f64) -> Self {
+        x as f32
+    }
+    fn convert_from_f64(isa: Isa, src: &[f64], dst: &mut [Self]) {
+        simd::f64_to_f32(isa, src, dst);
+    }
 }
 
 impl Float for f64 {
@@ -71,6 +130,16 @@ impl Float for f64 {
     }
     fn convert_to_f32(isa: Isa, src: &[Self], dst: &mut [f32]) {
         simd::f64_to_f32(isa, src, dst);
+    }
+    fn as_f64_slice(src: &[Self]) -> Option<&[f64]> {
+        Some(src)
+    }
+    fn as_f64_mut(dst: &mut [Self]) -> Option<&mut [f64]> {
+        Some(dst)
+    }
+    #[inline(always)]
+    fn from_f64_once(x: f64) -> Self {
+        x
     }
 }
 
@@ -87,6 +156,10 @@ impl Float for f16 {
     fn convert_to_f32(isa: Isa, src: &[Self], dst: &mut [f32]) {
         simd::f16_to_f32(isa, src, dst);
     }
+    #[inline(always)]
+    fn from_f64_once(x: f64) -> Self {
+        f16::from_f32(f64_to_f32_round_to_odd(x))
+    }
 }
 
 impl Float for bf16 {
@@ -101,6 +174,10 @@ impl Float for bf16 {
     }
     fn convert_to_f32(isa: Isa, src: &[Self], dst: &mut [f32]) {
         simd::bf16_to_f32(isa, src, dst);
+    }
+    #[inline(always)]
+    fn from_f64_once(x: f64) -> Self {
+        bf16::from_f32(f64_to_f32_round_to_odd(x))
     }
 }
 
@@ -134,6 +211,38 @@ mod tests {
         check_slice_matches_scalar(&h);
         let b: Vec<bf16> = (0..u16::MAX).step_by(89).map(bf16::from_bits).collect();
         check_slice_matches_scalar(&b);
+    }
+
+    #[test]
+    fn f64_to_half_rounds_once() {
+        // 1 + 2^-8 + 2^-40: above the bf16 tie at 1 + 2^-8 only by bits f32 drops.
+        let x = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(bf16::from_f64_once(x).to_bits(), 0x3f81);
+        assert_eq!(
+            bf16::from_f32(x as f32).to_bits(),
+            0x3f80,
+            "double rounding"
+        );
+        let y = 1.0 + 2f64.powi(-11) + 2f64.powi(-45);
+        assert_eq!(f16::from_f64_once(y).to_bits(), 0x3c01);
+        // Exact ties still go to even; overflow, subnormals, signs.
+        assert_eq!(f16::from_f64_once(1.0 + 2f64.powi(-11)).to_bits(), 0x3c00);
+        assert_eq!(f16::from_f64_once(70000.0), f16::INFINITY);
+        assert_eq!(f16::from_f64_once(-1e-300).to_bits(), 0x8000);
+        assert_eq!(f16::from_f64_once(2f64.powi(-24)).to_bits(), 0x0001);
+        assert_eq!(bf16::from_f64_once(1e300), bf16::INFINITY);
+        assert_eq!(bf16::from_f64_once(-3.0).to_f32(), -3.0);
+        // Against exhaustive neighbours of every f16: the nearest, ties to even.
+        for bits in (0u16..0x7bff).step_by(7) {
+            let lo = f16::from_bits(bits).to_f64();
+            let hi = f16::from_bits(bits + 1).to_f64();
+            let mid = (lo + hi) / 2.0;
+            assert_eq!(
+                f16::from_f64_once(mid + (hi - lo) * 1e-9).to_bits(),
+                bits + 1
+            );
+            assert_eq!(f16::from_f64_once(mid - (hi - lo) * 1e-9).to_bits(), bits);
+        }
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub mod ops;
 pub mod parallel;
 pub mod round;
 pub mod simd;
+pub mod stage;
 
 #[cfg(feature = "python")]
 mod bindings;

@@ -7,4 +7,6 @@
 //! Outputs are caller-allocated slices; nothing is written to them before
 //! validation passes, and on error their contents are unspecified.
 
+pub mod affine;
 pub mod blockwise;
+pub mod pack;

@@ -255,16 +255,13 @@ impl Kernels for Avx2 {
                 _mm256_set1_pd(f64::INFINITY),
                 _mm256_set1_pd(f64::NEG_INFINITY),
             );
-            let mut bad = _mm256_setzero_pd();
+            let mut bad = _mm256_setzero_ps();
             for c in &mut xc {
                 let v = _mm256_loadu_ps(c.as_ptr());
                 // x - x is 0 for finite x and NaN for NaN or ±inf.
-                bad = _mm256_or_pd(
+                bad = _mm256_or_ps(
                     bad,
-                    _mm256_castps_pd(_mm256_cmp_ps::<_CMP_NEQ_UQ>(
-                        _mm256_sub_ps(v, v),
-                        _mm256_setzero_ps(),
-                    )),
+                    _mm256_cmp_ps::<_CMP_NEQ_UQ>(_mm256_sub_ps(v, v), _mm256_setzero_ps()),
                 );
                 // min/max in f64 lanes: exact for f32 values.
                 let a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
@@ -273,7 +270,7 @@ impl Kernels for Avx2 {
                 hi = _mm256_max_pd(hi, _mm256_max_pd(a, b));
             }
             let (min, max) = reduce_pd(lo, hi);
-            (min as f32, max as f32, _mm256_movemask_pd(bad) != 0)
+            (min as f32, max as f32, _mm256_movemask_ps(bad) != 0)
         };
         // SAFETY: the scalar kernels need no CPU features.
         let tail = unsafe { Scalar::range_f32(xc.remainder()) };

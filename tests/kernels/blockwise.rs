@@ -1,7 +1,7 @@
-//! Every SIMD path equals the scalar path bit for bit (DESIGN.md, tier 2),
-//! at lengths that are not multiples of any vector width, with adversarial
-//! values: exact rounding ties, the float just below a tie, subnormals,
-//! signed zeros, and blocks whose scale underflows.
+//! Blockwise 8-bit (SPEC §1): every SIMD path equals the scalar path bit for
+//! bit, at lengths that are not multiples of any vector width, with
+//! adversarial values: exact rounding ties, the float just below a tie,
+//! subnormals, signed zeros, and blocks whose scale underflows.
 
 use ferroquant::ops::blockwise::{
     dequantize_blockwise_with, num_blocks, quantize_blockwise_with, BlockwiseReport, Scales,
@@ -12,13 +12,11 @@ use ferroquant::QuantError;
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-#[path = "common/rng.rs"]
-mod rng;
-use rng::Rng;
+use crate::rng::Rng;
 
 /// Values that stress rounding: ties and near-ties of a power-of-two scale,
 /// subnormals, signed zeros, ordinary noise.
-fn adversarial(n: usize, seed: u64) -> Vec<f32> {
+pub fn adversarial(n: usize, seed: u64) -> Vec<f32> {
     let mut r = Rng(seed | 1);
     (0..n)
         .map(|i| match r.next() % 8 {

@@ -1,0 +1,800 @@
+//! Affine int8 / int4 quantization — SPEC §2, ported from seed 001 (shrew,
+//! `quantize` module: `QuantConfig`, `compute_scale_zp`, `quantize_per_tensor`,
+//! `quantize_per_channel` and their dequantizers).
+//!
+//! Math in f64, exactly as the seed: symmetric `scale = amax / qmax` (1.0 if
+//! `amax < 1e-30`), zero point 0; asymmetric `scale = (max - min) / (qmax -
+//! qmin)` (1.0 if the range is below 1e-30), `zp = round(qmin - min / scale)`;
+//! `inv = 0 if |scale| < 1e-30 else 1 / scale`; codes `clamp(round(v * inv +
+//! zp), qmin, qmax)`; values `(q - zp) * scale`. Per channel: one (scale, zp)
+//! per index of axis 0; a 0-d input falls back to per tensor.
+//!
+//! Deviations (SPEC): int4 codes are packed two a byte (1); non-finite input
+//! is an error (2).
+
+use crate::element::Float;
+use crate::error::{QuantError, Result};
+use crate::ops::pack::{packed_len, unpack_range, Int4Writer};
+use crate::parallel;
+use crate::simd::{Affine, Isa};
+use crate::stage::{self, Scratch, STAGE};
+use rayon::prelude::*;
+
+/// Code width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bits {
+    /// 8-bit codes, one a byte.
+    Int8,
+    /// 4-bit codes, packed two a byte.
+    Int4,
+}
+
+/// Symmetric (zero point 0) or asymmetric (min/max mapped to qmin/qmax).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// `scale = amax / qmax`, zero point 0.
+    Symmetric,
+    /// `scale = (max - min) / (qmax - qmin)`, `zp = round(qmin - min / scale)`.
+    Asymmetric,
+}
+
+/// One (scale, zero point) for the whole tensor, or one per index of axis 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Granularity {
+    /// One group: the whole tensor.
+    PerTensor,
+    /// One group per index of axis 0 (per output channel of a weight).
+    PerChannel,
+}
+
+/// Seed 001's `QuantConfig`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QuantConfig {
+    /// Code width.
+    pub bits: Bits,
+    /// Symmetric or asymmetric.
+    pub mode: Mode,
+    /// Per tensor or per channel.
+    pub granularity: Granularity,
+}
+
+impl Default for QuantConfig {
+    fn default() -> Self {
+        Self::int8()
+    }
+}
+
+impl QuantConfig {
+    /// int8, symmetric, per tensor (the default).
+    pub fn int8() -> Self {
+        QuantConfig {
+            bits: Bits::Int8,
+            mode: Mode::Symmetric,
+            granularity: Granularity::PerTensor,
+        }
+    }
+
+    /// int8, symmetric, per channel.
+    pub fn int8_per_channel() -> Self {
+        QuantConfig {
+            granularity: Granularity::PerChannel,
+            ..Self::int8()
+        }
+    }
+
+    /// int4, symmetric, per tensor.
+    pub fn int4() -> Self {
+        QuantConfig {
+            bits: Bits::Int4,
+            ..Self::int8()
+        }
+    }
+
+    /// int4, symmetric, per channel.
+    pub fn int4_per_channel() -> Self {
+        QuantConfig {
+            bits: Bits::Int4,
+            ..Self::int8_per_channel()
+        }
+    }
+
+    /// The same configuration, asymmetric.
+    pub fn asymmetric(self) -> Self {
+        QuantConfig {
+            mode: Mode::Asymmetric,
+            ..self
+        }
+    }
+
+    /// The largest code: 127 or 7.
+    pub fn qmax(&self) -> f64 {
+        match self.bits {
+            Bits::Int8 => 127.0,
+            Bits::Int4 => 7.0,
+        }
+    }
+
+    /// The smallest code, the seed's table: int8 -127 / -128, int4 -7 / -8
+    /// (symmetric / asymmetric).
+    pub fn qmin(&self) -> f64 {
+        match (self.bits, self.mode) {
+            (Bits::Int8, Mode::Symmetric) => -127.0,
+            (Bits::Int8, Mode::Asymmetric) => -128.0,
+            (Bits::Int4, Mode::Symmetric) => -7.0,
+            (Bits::Int4, Mode::Asymmetric) => -8.0,
+        }
+    }
+}
+
+/// Number of (scale, zero point) pairs for `shape`: 1 per tensor (also for
+/// empty or 0-d input), `shape[0]` per channel.
+pub fn num_groups(shape: &[usize], granularity: Granularity) -> usize {
+    match (granularity, shape.first()) {
+        (Granularity::PerChannel, Some(&rows)) => rows,
+        _ => 1,
+    }
+}
+
+/// Seed 001's `compute_scale_zp` from a group's exact (min, max), `None` for an
+/// empty group: `(scale, zero point)`.
+pub fn scale_zero_point(range: Option<(f64, f64)>, config: &QuantConfig) -> (f64, f64) {
+    let Some((min, max)) = range else {
+        return (1.0, 0.0);
+    };
+    let (qmin, qmax) = (config.qmin(), config.qmax());
+    match config.mode {
+        Mode::Symmetric => {
+            // The seed folds max(|v|) from 0.0; over finite input that is max(|min|, |max|).
+            let amax = (-min).max(max).max(0.0);
+            let scale = if amax < 1e-30 { 1.0 } else { amax / qmax };
+            (scale, 0.0)
+        }
+        Mode::Asymmetric => {
+            let range = max - min;
+            let scale = if range < 1e-30 {
+                1.0
+            } else {
+                range / (qmax - qmin)
+            };
+            (scale, (qmin - min / scale).round())
+        }
+    }
+}
+
+/// The seed's `inv_scale`: 0 when `|scale| < 1e-30`, else `1 / scale`.
+pub fn inverse(scale: f64) -> f64 {
+    if scale.abs() < 1e-30 {
+        0.0
+    } else {
+        1.0 / scale
+    }
+}
+
+fn affine(config: &QuantConfig, scale: f64, zp: f64) -> Affine {
+    Affine {
+        inv: inverse(scale),
+        zp,
+        qmin: config.qmin(),
+        qmax: config.qmax(),
+    }
+}
+
+/// Where quantized codes go.
+#[derive(Debug)]
+pub enum CodesMut<'a> {
+    /// int8 codes, one per element.
+    Int8(&'a mut [i8]),
+    /// int4 codes packed two a byte, `ceil(n / 2)` bytes.
+    Int4(&'a mut [u8]),
+}
+
+/// Quantized codes to read.
+#[derive(Debug, Clone, Copy)]
+pub enum Codes<'a> {
+    /// int8 codes, one per element.
+    Int8(&'a [i8]),
+    /// int4 codes packed two a byte.
+    Int4(&'a [u8]),
+}
+
+impl Codes<'_> {
+    fn check(&self, config: &QuantConfig, n: usize) -> Result<()> {
+        match (self, config.bits) {
+            (Codes::Int8(c), Bits::Int8) if c.len() == n => Ok(()),
+            (Codes::Int4(c), Bits::Int4) if c.len() == packed_len(n) => Ok(()),
+            (Codes::Int8(c), Bits::Int8) => Err(QuantError::len_mismatch("data", n, c.len())),
+            (Codes::Int4(c), Bits::Int4) => {
+                Err(QuantError::len_mismatch("data", packed_len(n), c.len()))
+            }
+            _ => Err(QuantError::invalid(
+                "data",
+                format!(
+                    "{:?} codes given for a {:?} configuration",
+                    self.bits(),
+                    config.bits
+                ),
+            )),
+        }
+    }
+
+    fn bits(&self) -> Bits {
+        match self {
+            Codes::Int8(_) => Bits::Int8,
+            Codes::Int4(_) => Bits::Int4,
+        }
+    }
+}
+
+fn numel(shape: &[usize], arg: &'static str) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| {
+            QuantError::invalid(
+                arg,
+                format!("{shape:?} holds more than usize::MAX elements"),
+            )
+        })
+}
+
+fn check_lengths(
+    shape: &[usize],
+    config: &QuantConfig,
+    n: usize,
+    scales: usize,
+    zps: usize,
+) -> Result<()> {
+    let want = numel(shape, "shape")?;
+    if want != n {
+        return Err(QuantError::ShapeMismatch {
+            arg: "x",
+            expected: format!("{want} elements for shape {shape:?}"),
+            actual: format!("{n}"),
+        });
+    }
+    let groups = num_groups(shape, config.granularity);
+    if scales != groups {
+        return Err(QuantError::len_mismatch("scales", groups, scales));
+    }
+    if zps != groups {
+        return Err(QuantError::len_mismatch("zero_points", groups, zps));
+    }
+    Ok(())
+}
+
+/// Quantize `x` (of `shape`, C order) into `codes`, `scales` and `zero_points`
+/// (one per group, see [`num_groups`]).
+///
+/// Errors: `ShapeMismatch` for inconsistent lengths, `InvalidConfig` for codes
+/// of the wrong width, `NonFinite` naming the first NaN or infinity.
+pub fn quantize<T: Float>(
+    x: &[T],
+    shape: &[usize],
+    config: &QuantConfig,
+    codes: CodesMut<'_>,
+    scales: &mut [f64],
+    zero_points: &mut [f64],
+) -> Result<()> {
+    quantize_with(
+        Isa::detected(),
+        x,
+        shape,
+        config,
+        codes,
+        scales,
+        zero_points,
+    )
+}
+
+/// [`quantize`] on a chosen ISA (downgraded if the CPU lacks it).
+pub fn quantize_with<T: Float>(
+    isa: Isa,
+    x: &[T],
+    shape: &[usize],
+    config: &QuantConfig,
+    codes: CodesMut<'_>,
+    scales: &mut [f64],
+    zero_points: &mut [f64],
+) -> Result<()> {
+    let n = x.len();
+    check_lengths(shape, config, n, scales.len(), zero_points.len())?;
+    match &codes {
+        CodesMut::Int8(c) => Codes::Int8(c),
+        CodesMut::Int4(c) => Codes::Int4(c),
+    }
+    .check(config, n)?;
+    let rows = num_groups(shape, config.granularity);
+    let outcome = if config.granularity == Granularity::PerChannel && !shape.is_empty() {
+        per_channel(isa, x, rows, config, codes, scales, zero_points)
+    } else {
+        per_tensor(isa, x, config, codes, &mut scales[0], &mut zero_points[0])
+    };
+    outcome.map_err(|index| QuantError::NonFinite { arg: "x", index })
+}
+
+/// The first error in sequence order wins (the smallest flat index), whatever
+/// the split: rayon's `reduce` combines neighbours in order.
+fn first_error<T>(
+    a: std::result::Result<T, usize>,
+    b: std::result::Result<T, usize>,
+    merge: impl FnOnce(T, T) -> T,
+) -> std::result::Result<T, usize> {
+    match (a, b) {
+        (Err(i), _) => Err(i),
+        (Ok(_), Err(j)) => Err(j),
+        (Ok(x), Ok(y)) => Ok(merge(x, y)),
+    }
+}
+
+type Found = std::result::Result<Option<(f64, f64)>, usize>;
+
+fn merge_ranges(a: Option<(f64, f64)>, b: Option<(f64, f64)>) -> Option<(f64, f64)> {
+    match (a, b) {
+        (Some((l1, h1)), Some((l2, h2))) => Some((l1.min(l2), h1.max(h2))),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// Elements per parallel task for a flat pass (even, so int4 bytes never straddle tasks).
+fn flat_task_len(n: usize) -> usize {
+    parallel::units_per_task(n.div_ceil(2), 2) * 2
+}
+
+fn per_tensor<T: Float>(
+    isa: Isa,
+    x: &[T],
+    config: &QuantConfig,
+    mut codes: CodesMut<'_>,
+    scale_out: &mut f64,
+    zp_out: &mut f64,
+) -> std::result::Result<(), usize> {
+    let n = x.len();
+    // Pass 1: the exact range, with the non-finite check fused.
+    let found: Found = parallel::run(n, |par| {
+        if !par {
+            return stage::range(isa, x, &mut Scratch::new());
+        }
+        let len = flat_task_len(n);
+        x.par_chunks(len)
+            .enumerate()
+            .map(|(t, xs)| stage::range(isa, xs, &mut Scratch::new()).map_err(|i| t * len + i))
+            .reduce(|| Ok(None), |a, b| first_error(a, b, merge_ranges))
+    });
+    let (scale, zp) = scale_zero_point(found?, config);
+    (*scale_out, *zp_out) = (scale, zp);
+    let a = affine(config, scale, zp);
+    // Pass 2: the codes.
+    parallel::run(n, |par| {
+        // Even, so int4 bytes never straddle two tasks; non-zero for par_chunks.
+        let len = if par {
+            flat_task_len(n)
+        } else {
+            (n + n % 2).max(2)
+        };
+        match &mut codes {
+            CodesMut::Int8(c) => x
+                .par_chunks(len)
+                .zip(c.par_chunks_mut(len))
+                .for_each(|(xs, cs)| stage::affine_codes(isa, xs, a, cs, &mut Scratch::new())),
+            CodesMut::Int4(c) => {
+                x.par_chunks(len)
+                    .zip(c.par_chunks_mut(len / 2))
+                    .for_each(|(xs, bs)| {
+                        int4_run(isa, xs, a, &mut Int4Writer::new(bs, 0), &mut Scratch::new())
+                    })
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Quantize a run and append its codes to an int4 writer, a stage at a time.
+fn int4_run<T: Float>(isa: Isa, x: &[T], a: Affine, w: &mut Int4Writer<'_>, scratch: &mut Scratch) {
+    let mut codes = std::mem::take(&mut scratch.codes);
+    codes.resize(STAGE.min(x.len()), 0);
+    for xs in x.chunks(STAGE) {
+        let cs = &mut codes[..xs.len()];
+        stage::affine_codes(isa, xs, a, cs, scratch);
+        w.write(isa, cs);
+    }
+    scratch.codes = codes;
+}
+
+#[allow(clippy::too_many_arguments)]
+fn per_channel<T: Float>(
+    isa: Isa,
+    x: &[T],
+    rows: usize,
+    config: &QuantConfig,
+    codes: CodesMut<'_>,
+    scales: &mut [f64],
+    zero_points: &mut [f64],
+) -> std::result::Result<(), usize> {
+    let n = x.len();
+    if rows == 0 {
+        return Ok(());
+    }
+    let cs = n / rows;
+    if cs == 0 {
+        scales.fill(1.0);
+        zero_points.fill(0.0);
+        return Ok(());
+    }
+    // int4 rows of odd length share bytes: tasks take rows in pairs.
+    let unit = if config.bits == Bits::Int4 && cs % 2 == 1 {
+        2
+    } else {
+        1
+    };
+    let task_rows = |par: bool| {
+        if par {
+            parallel::units_per_task(rows.div_ceil(unit), cs * unit) * unit
+        } else {
+            rows
+        }
+    };
+    let task = |t0: usize, xs: &[T], out: TaskOut<'_>, sc: &mut [f64], zs: &mut [f64]| {
+        let mut scratch = Scratch::new();
+        let mut out = out;
+        for (r, xr) in xs.chunks(cs).enumerate() {
+            let found = stage::range(isa, xr, &mut scratch).map_err(|i| (t0 + r) * cs + i)?;
+            let (scale, zp) = scale_zero_point(found, config);
+            (sc[r], zs[r]) = (scale, zp);
+            let a = affine(config, scale, zp);
+            match &mut out {
+                TaskOut::Int8(c) => {
+                    stage::affine_codes(isa, xr, a, &mut c[r * cs..(r + 1) * cs], &mut scratch)
+                }
+                TaskOut::Int4(w) => int4_run(isa, xr, a, w, &mut scratch),
+            }
+        }
+        Ok(())
+    };
+    parallel::run(n, |par| {
+        let tr = task_rows(par);
+        let scales = scales
+            .par_chunks_mut(tr)
+            .zip(zero_points.par_chunks_mut(tr));
+        match codes {
+            CodesMut::Int8(c) => x
+                .par_chunks(tr * cs)
+                .zip(c.par_chunks_mut(tr * cs))
+                .zip(scales)
+                .enumerate()
+                .map(|(t, ((xs, c), (sc, zs)))| task(t * tr, xs, TaskOut::Int8(c), sc, zs))
+                .reduce(|| Ok(()), |a, b| first_error(a, b, |_, _| ())),
+            CodesMut::Int4(c) => x
+                .par_chunks(tr * cs)
+                .zip(c.par_chunks_mut(packed_len(tr * cs)))
+                .zip(scales)
+                .enumerate()
+                .map(|(t, ((xs, b), (sc, zs)))| {
+                    task(t * tr, xs, TaskOut::Int4(Int4Writer::new(b, 0)), sc, zs)
+                })
+                .reduce(|| Ok(()), |a, b| first_error(a, b, |_, _| ())),
+        }
+    })
+}
+
+/// A task's share of the output codes.
+enum TaskOut<'a> {
+    Int8(&'a mut [i8]),
+    Int4(Int4Writer<'a>),
+}
+
+/// Dequantize: `out[i] = (q[i] - zp) * scale` of element i's group, computed
+/// in f64 and rounded once to `O`.
+///
+/// Errors: `ShapeMismatch` for inconsistent lengths, `InvalidConfig` for codes
+/// of the wrong width.
+pub fn dequantize<O: Float>(
+    codes: Codes<'_>,
+    shape: &[usize],
+    config: &QuantConfig,
+    scales: &[f64],
+    zero_points: &[f64],
+    out: &mut [O],
+) -> Result<()> {
+    dequantize_with(
+        Isa::detected(),
+        codes,
+        shape,
+        config,
+        scales,
+        zero_points,
+        out,
+    )
+}
+
+/// [`dequantize`] on a chosen ISA (downgraded if the CPU lacks it).
+pub fn dequantize_with<O: Float>(
+    isa: Isa,
+    codes: Codes<'_>,
+    shape: &[usize],
+    config: &QuantConfig,
+    scales: &[f64],
+    zero_points: &[f64],
+    out: &mut [O],
+) -> Result<()> {
+    let n = out.len();
+    check_lengths(shape, config, n, scales.len(), zero_points.len()).map_err(|e| match e {
+        QuantError::ShapeMismatch {
+            expected, actual, ..
+        } => QuantError::ShapeMismatch {
+            arg: "out",
+            expected,
+            actual,
+        },
+        e => e,
+    })?;
+    codes.check(config, n)?;
+    // Elements per (scale, zero point) group.
+    let cs = if config.granularity == Granularity::PerChannel && !shape.is_empty() {
+        n.checked_div(shape[0]).unwrap_or(0)
+    } else {
+        n
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    // Rows of one group are cut into runs of at most `len` elements (even, so
+    // int4 runs start on a byte unless a row itself starts mid-byte).
+    let run = |e0: usize, o: &mut [O], scratch: &mut Scratch| {
+        let g = e0 / cs;
+        let (zp, scale) = (zero_points[g], scales[g]);
+        match codes {
+            Codes::Int8(c) => {
+                stage::affine_values(isa, &c[e0..e0 + o.len()], zp, scale, o, scratch)
+            }
+            Codes::Int4(p) => {
+                let mut q = std::mem::take(&mut scratch.codes);
+                q.resize(STAGE.min(o.len()), 0);
+                for (k, os) in o.chunks_mut(STAGE).enumerate() {
+                    let qs = &mut q[..os.len()];
+                    unpack_range(isa, p, e0 + k * STAGE, qs);
+                    stage::affine_values(isa, qs, zp, scale, os, scratch);
+                }
+                scratch.codes = q;
+            }
+        }
+    };
+    // Dequantizing costs about a quarter of quantizing per element.
+    parallel::run(n / 4, |par| {
+        let len = if par { flat_task_len(n) } else { n };
+        out.par_chunks_mut(len).enumerate().for_each(|(t, o)| {
+            let mut scratch = Scratch::new();
+            let start = t * len;
+            // Split the task's span at group boundaries.
+            let mut done = 0;
+            while done < o.len() {
+                let e0 = start + done;
+                let group_end = (e0 / cs + 1) * cs;
+                let end = group_end.min(start + o.len());
+                run(e0, &mut o[done..end - start], &mut scratch);
+                done = end - start;
+            }
+        })
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    struct Q {
+        data: Vec<i8>,
+        packed: Vec<u8>,
+        scales: Vec<f64>,
+        zps: Vec<f64>,
+    }
+
+    fn q<T: Float>(x: &[T], shape: &[usize], c: QuantConfig) -> Result<Q> {
+        let groups = num_groups(shape, c.granularity);
+        let mut out = Q {
+            data: vec![0; x.len()],
+            packed: vec![0; packed_len(x.len())],
+            scales: vec![0.0; groups],
+            zps: vec![0.0; groups],
+        };
+        let codes = match c.bits {
+            Bits::Int8 => CodesMut::Int8(&mut out.data),
+            Bits::Int4 => CodesMut::Int4(&mut out.packed),
+        };
+        quantize(x, shape, &c, codes, &mut out.scales, &mut out.zps)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn seed_int8_symmetric_per_tensor() -> Result<()> {
+        // Seed 001's test: [1, -0.5, 0.25, -1, 0, 0.75] in shape [2, 3].
+        let x = [1.0f32, -0.5, 0.25, -1.0, 0.0, 0.75];
+        let r = q(&x, &[2, 3], QuantConfig::int8())?;
+        assert_eq!(r.scales, vec![1.0 / 127.0]);
+        assert_eq!(r.zps, vec![0.0]);
+        assert_eq!(r.data, vec![127, -64, 32, -127, 0, 95]);
+        let mut y = vec![0f32; 6];
+        dequantize(
+            Codes::Int8(&r.data),
+            &[2, 3],
+            &QuantConfig::int8(),
+            &r.scales,
+            &r.zps,
+            &mut y,
+        )?;
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() < 0.02);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn qmin_qmax_follow_the_seed_table() {
+        let t = |c: QuantConfig| (c.qmin(), c.qmax());
+        assert_eq!(t(QuantConfig::int8()), (-127.0, 127.0));
+        assert_eq!(t(QuantConfig::int8().asymmetric()), (-128.0, 127.0));
+        assert_eq!(t(QuantConfig::int4()), (-7.0, 7.0));
+        assert_eq!(t(QuantConfig::int4_per_channel().asymmetric()), (-8.0, 7.0));
+    }
+
+    #[test]
+    fn asymmetric_zero_point_and_codes() -> Result<()> {
+        let x = [0.0f64, 1.0, 2.0, 3.0];
+        let c = QuantConfig::int4().asymmetric();
+        let r = q(&x, &[4], c)?;
+        // scale = 3 / 15 = 0.2; zp = round(-8 - 0 / 0.2) = -8.
+        assert_eq!(r.scales, vec![3.0 / 15.0]);
+        assert_eq!(r.zps, vec![-8.0]);
+        // codes: -8, round(1/0.2 - 8) = -3, 2, 7 -> nibbles 8, d, 2, 7
+        assert_eq!(r.packed, vec![0xd8, 0x72]);
+        Ok(())
+    }
+
+    #[test]
+    fn tiny_scales_give_zero_inverse() -> Result<()> {
+        // amax 1e-29 >= 1e-30, so scale = 1e-29 / 127 < 1e-30 and inv = 0: all codes 0.
+        let r = q(&[1e-29f64, -5e-30], &[2], QuantConfig::int8())?;
+        assert_eq!(r.scales, vec![1e-29 / 127.0]);
+        assert_eq!(r.data, vec![0, 0]);
+        Ok(())
+    }
+
+    #[test]
+    fn empty_inputs_follow_the_spec() -> Result<()> {
+        let r = q::<f32>(&[], &[0], QuantConfig::int8())?;
+        assert_eq!((r.scales, r.zps), (vec![1.0], vec![0.0]));
+        let r = q::<f32>(&[], &[0, 4], QuantConfig::int8_per_channel())?;
+        assert!(r.scales.is_empty());
+        let r = q::<f32>(&[], &[3, 0], QuantConfig::int4_per_channel().asymmetric())?;
+        assert_eq!((r.scales, r.zps), (vec![1.0; 3], vec![0.0; 3]));
+        Ok(())
+    }
+
+    #[test]
+    fn zero_d_per_channel_is_per_tensor() -> Result<()> {
+        let r = q(&[2.5f32], &[], QuantConfig::int8_per_channel())?;
+        assert_eq!(r.scales, vec![2.5 / 127.0]);
+        assert_eq!(r.data, vec![127]);
+        Ok(())
+    }
+
+    #[test]
+    fn per_channel_rows_have_their_own_scales() -> Result<()> {
+        let x = [1.0f32, -2.0, 4.0, 0.5, 0.0, 0.0];
+        let r = q(&x, &[3, 2], QuantConfig::int8_per_channel())?;
+        assert_eq!(r.scales, vec![2.0 / 127.0, 4.0 / 127.0, 1.0]);
+        assert_eq!(r.data, vec![64, -127, 127, 16, 0, 0]);
+        Ok(())
+    }
+
+    #[test]
+    fn non_finite_names_the_first_index() {
+        let mut x = vec![1.0f32; 1000];
+        x[700] = f32::NAN;
+        x[300] = f32::NEG_INFINITY;
+        for c in [
+            QuantConfig::int8(),
+            QuantConfig::int4_per_channel().asymmetric(),
+        ] {
+            let e = q(&x, &[10, 100], c).err();
+            assert_eq!(
+                e,
+                Some(QuantError::NonFinite {
+                    arg: "x",
+                    index: 300
+                })
+            );
+        }
+        let e = q(&[0.0f64, 1e300, f64::INFINITY], &[3], QuantConfig::int8()).err();
+        assert_eq!(e, Some(QuantError::NonFinite { arg: "x", index: 2 }));
+    }
+
+    #[test]
+    fn half_inputs_equal_their_f64_values_and_outputs_round_once() -> Result<()> {
+        let xf: Vec<f32> = (0..3001)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37)
+            .collect();
+        let xh: Vec<f16> = xf.iter().map(|&v| f16::from_f32(v)).collect();
+        let xd: Vec<f64> = xh.iter().map(|v| v.to_f64()).collect();
+        for c in [
+            QuantConfig::int8(),
+            QuantConfig::int4_per_channel().asymmetric(),
+        ] {
+            let shape = [3001usize];
+            let a = q(&xh, &shape, c)?;
+            let b = q(&xd, &shape, c)?;
+            assert_eq!(
+                (&a.data, &a.packed, &a.scales, &a.zps),
+                (&b.data, &b.packed, &b.scales, &b.zps)
+            );
+        }
+        let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
+        let c = QuantConfig::int8();
+        let r = q(&xb, &[3001], c)?;
+        let mut yb = vec![bf16::ZERO; xb.len()];
+        let mut yd = vec![0f64; xb.len()];
+        dequantize(
+            Codes::Int8(&r.data),
+            &[3001],
+            &c,
+            &r.scales,
+            &r.zps,
+            &mut yb,
+        )?;
+        dequantize(
+            Codes::Int8(&r.data),
+            &[3001],
+            &c,
+            &r.scales,
+            &r.zps,
+            &mut yd,
+        )?;
+        for (b, d) in yb.iter().zip(&yd) {
+            assert_eq!(*b, bf16::from_f64_once(*d));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn bad_lengths_and_widths_are_rejected() {
+        let x = [1.0f32; 6];
+        let mut d = vec![0i8; 6];
+        let (mut s, mut z) = (vec![0.0; 1], vec![0.0; 1]);
+        let e = quantize(
+            &x,
+            &[2, 2],
+            &QuantConfig::int8(),
+            CodesMut::Int8(&mut d),
+            &mut s,
+            &mut z,
+        );
+        assert!(matches!(e, Err(QuantError::ShapeMismatch { arg: "x", .. })));
+        let mut p = vec![0u8; 3];
+        let e = quantize(
+            &x,
+            &[6],
+            &QuantConfig::int8(),
+            CodesMut::Int4(&mut p),
+            &mut s,
+            &mut z,
+        );
+        assert!(matches!(
+            e,
+            Err(QuantError::InvalidConfig { arg: "data", .. })
+        ));
+        let e = quantize(
+            &x,
+            &[2, 3],
+            &QuantConfig::int8_per_channel(),
+            CodesMut::Int8(&mut d),
+            &mut s,
+            &mut z,
+        );
+        assert!(matches!(
+            e,
+            Err(QuantError::ShapeMismatch { arg: "scales", .. })
+        ));
+    }
+}

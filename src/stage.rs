@@ -1,0 +1,127 @@
+//! L1-sized staging of input the primitives cannot read in place, and the
+//! run-level helpers every family's driver is built from.
+//!
+//! f32 and f64 input is read where it lies; f16 and bf16 input is widened to
+//! f32 (exactly) a stage at a time, so no array is ever up-cast whole. A stage
+//! of 4 Ki elements (16 KiB of f32) stays in L1 between the conversion and the
+//! primitive that reads it.
+
+use crate::element::Float;
+use crate::simd::{self, Affine, Isa};
+
+/// Elements per stage.
+pub const STAGE: usize = 4 * 1024;
+
+/// Scratch space for one task: an f32 stage and an i8 stage.
+pub struct Scratch {
+    /// Widened input.
+    pub f32s: Vec<f32>,
+    /// Codes before packing.
+    pub codes: Vec<i8>,
+    /// f64 results before rounding to a narrower output.
+    pub f64s: Vec<f64>,
+}
+
+impl Scratch {
+    /// Empty scratch; buffers grow to one stage on first use.
+    pub fn new() -> Self {
+        Scratch {
+            f32s: Vec::new(),
+            codes: Vec::new(),
+            f64s: Vec::new(),
+        }
+    }
+
+    fn f32s(&mut self, n: usize) -> &mut [f32] {
+        if self.f32s.len() < n {
+            self.f32s.resize(n, 0.0);
+        }
+        &mut self.f32s[..n]
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Min and max (in f64, exact) of a run, or `Err(i)` naming its first
+/// non-finite element (run-relative); `Ok(None)` for an empty run.
+pub fn range<T: Float>(
+    isa: Isa,
+    x: &[T],
+    scratch: &mut Scratch,
+) -> Result<Option<(f64, f64)>, usize> {
+    if x.is_empty() {
+        return Ok(None);
+    }
+    if let Some(xf) = T::as_f64_slice(x) {
+        let r = simd::range_f64(isa, xf);
+        if r.non_finite {
+            return Err(simd::scalar::first_non_finite_f64(xf));
+        }
+        return Ok(Some((r.min, r.max)));
+    }
+    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    let mut visit = |off: usize, xf: &[f32]| -> Result<(), usize> {
+        let r = simd::range_f32(isa, xf);
+        if r.non_finite {
+            return Err(off + simd::scalar::first_non_finite(xf));
+        }
+        lo = if r.min < lo { r.min } else { lo };
+        hi = if r.max > hi { r.max } else { hi };
+        Ok(())
+    };
+    if let Some(xf) = T::as_f32_slice(x) {
+        visit(0, xf)?;
+    } else {
+        for (k, xs) in x.chunks(STAGE).enumerate() {
+            let st = scratch.f32s(xs.len());
+            T::convert_to_f32(isa, xs, st);
+            visit(k * STAGE, st)?;
+        }
+    }
+    Ok(Some((lo as f64, hi as f64)))
+}
+
+/// Affine codes of a run into `out` (same length), computed in f64.
+pub fn affine_codes<T: Float>(isa: Isa, x: &[T], a: Affine, out: &mut [i8], scratch: &mut Scratch) {
+    if let Some(xf) = T::as_f64_slice(x) {
+        return simd::affine_quantize_f64(isa, xf, a, out);
+    }
+    if let Some(xf) = T::as_f32_slice(x) {
+        return simd::affine_quantize_f32(isa, xf, a, out);
+    }
+    for (xs, os) in x.chunks(STAGE).zip(out.chunks_mut(STAGE)) {
+        let st = scratch.f32s(xs.len());
+        T::convert_to_f32(isa, xs, st);
+        simd::affine_quantize_f32(isa, st, a, os);
+    }
+}
+
+/// `(q - zp) * scale` of a run of codes into `out` (same length), rounded once
+/// to `O`.
+pub fn affine_values<O: Float>(
+    isa: Isa,
+    q: &[i8],
+    zp: f64,
+    scale: f64,
+    out: &mut [O],
+    scratch: &mut Scratch,
+) {
+    if let Some(of) = O::as_f32_mut(out) {
+        return simd::affine_dequantize_f32(isa, q, zp, scale, of);
+    }
+    if let Some(of) = O::as_f64_mut(out) {
+        return simd::affine_dequantize_f64(isa, q, zp, scale, of);
+    }
+    if scratch.f64s.len() < STAGE.min(q.len()) {
+        scratch.f64s.resize(STAGE.min(q.len()), 0.0);
+    }
+    for (qs, os) in q.chunks(STAGE).zip(out.chunks_mut(STAGE)) {
+        let st = &mut scratch.f64s[..qs.len()];
+        simd::affine_dequantize_f64(isa, qs, zp, scale, st);
+        O::convert_from_f64(isa, st, os);
+    }
+}

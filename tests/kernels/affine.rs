@@ -1,0 +1,280 @@
+//! Affine int8 / int4 (SPEC §2): the f64 primitives and the whole kernel on
+//! every ISA equal the scalar path bit for bit — tails 1..15, odd int4
+//! lengths, per-channel rows of every length 0..70, every input dtype — and
+//! results do not depend on the thread count.
+
+use crate::rng::Rng;
+use crate::with_threads;
+use ferroquant::ops::affine::{
+    dequantize_with, num_groups, quantize_with, Bits, Codes, CodesMut, QuantConfig,
+};
+use ferroquant::ops::pack::packed_len;
+use ferroquant::simd::{self, Affine, Isa};
+use ferroquant::{Float, QuantError};
+use half::{bf16, f16};
+
+/// Values that stress the affine map: exact .5 ties of `v * inv + zp`, the
+/// doubles just beside them, huge and tiny magnitudes, signed zeros, noise.
+fn adversarial_f64(n: usize, seed: u64) -> Vec<f64> {
+    let mut r = Rng(seed | 1);
+    (0..n)
+        .map(|_| match r.next() % 9 {
+            0 => (r.next() % 300) as f64 - 150.0 + 0.5,
+            1 => f64::from_bits((2.5f64).to_bits() - 1),
+            2 => f64::from_bits((-0.5f64).to_bits() + 1),
+            3 => -0.0,
+            4 => 1e-310,
+            5 => (r.next() % 7) as f64 * 1e3 - 3e3,
+            _ => (r.unit() as f64 - 0.5) * 300.0 + r.unit() as f64 * 1e-9,
+        })
+        .collect()
+}
+
+const CONFIGS: [fn() -> QuantConfig; 4] = [
+    QuantConfig::int8,
+    QuantConfig::int8_per_channel,
+    QuantConfig::int4,
+    QuantConfig::int4_per_channel,
+];
+
+fn every_config() -> Vec<QuantConfig> {
+    CONFIGS
+        .iter()
+        .flat_map(|c| [c(), c().asymmetric()])
+        .collect()
+}
+
+#[derive(Debug, PartialEq)]
+struct Out {
+    codes: Vec<u8>,
+    scales: Vec<u64>,
+    zps: Vec<u64>,
+}
+
+fn run<T: Float>(isa: Isa, x: &[T], shape: &[usize], c: QuantConfig) -> Result<Out, QuantError> {
+    let g = num_groups(shape, c.granularity);
+    let (mut s, mut z) = (vec![0.0; g], vec![0.0; g]);
+    let codes = match c.bits {
+        Bits::Int8 => {
+            let mut d = vec![0i8; x.len()];
+            quantize_with(isa, x, shape, &c, CodesMut::Int8(&mut d), &mut s, &mut z)?;
+            d.iter().map(|&v| v as u8).collect()
+        }
+        Bits::Int4 => {
+            let mut p = vec![0u8; packed_len(x.len())];
+            quantize_with(isa, x, shape, &c, CodesMut::Int4(&mut p), &mut s, &mut z)?;
+            p
+        }
+    };
+    let bits = |v: Vec<f64>| v.iter().map(|f| f.to_bits()).collect();
+    Ok(Out {
+        codes,
+        scales: bits(s),
+        zps: bits(z),
+    })
+}
+
+fn values<O: Float>(isa: Isa, o: &Out, shape: &[usize], c: QuantConfig, n: usize) -> Vec<O> {
+    let f = |v: &Vec<u64>| v.iter().map(|&b| f64::from_bits(b)).collect::<Vec<_>>();
+    let (s, z) = (f(&o.scales), f(&o.zps));
+    let i8s: Vec<i8> = o.codes.iter().map(|&b| b as i8).collect();
+    let codes = match c.bits {
+        Bits::Int8 => Codes::Int8(&i8s),
+        Bits::Int4 => Codes::Int4(&o.codes),
+    };
+    let mut out = vec![O::from_f64_once(0.0); n];
+    dequantize_with(isa, codes, shape, &c, &s, &z, &mut out).expect("consistent");
+    out
+}
+
+#[test]
+fn primitives_match_scalar_on_every_isa() {
+    let params = [
+        Affine {
+            inv: 1.0,
+            zp: 0.0,
+            qmin: -127.0,
+            qmax: 127.0,
+        },
+        Affine {
+            inv: 0.5,
+            zp: -3.0,
+            qmin: -128.0,
+            qmax: 127.0,
+        },
+        Affine {
+            inv: 127.0 / 149.5,
+            zp: 0.0,
+            qmin: -7.0,
+            qmax: 7.0,
+        },
+        Affine {
+            inv: 0.0,
+            zp: 5.0,
+            qmin: -8.0,
+            qmax: 7.0,
+        },
+        Affine {
+            inv: 1e300,
+            zp: -1e300,
+            qmin: -8.0,
+            qmax: 7.0,
+        },
+    ];
+    for isa in Isa::supported() {
+        for n in (0..70).chain([127, 128, 129, 1000]) {
+            let x = adversarial_f64(n, 31 + n as u64);
+            let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            assert_eq!(
+                simd::range_f64(isa, &x),
+                simd::range_f64(Isa::Scalar, &x),
+                "{isa:?} {n}"
+            );
+            assert_eq!(
+                simd::range_f32(isa, &xf),
+                simd::range_f32(Isa::Scalar, &xf),
+                "{isa:?} {n}"
+            );
+            for a in params {
+                let (mut p, mut q) = (vec![0i8; n], vec![0i8; n]);
+                simd::affine_quantize_f64(isa, &x, a, &mut p);
+                simd::affine_quantize_f64(Isa::Scalar, &x, a, &mut q);
+                assert_eq!(p, q, "f64 {isa:?} n {n} {a:?}");
+                simd::affine_quantize_f32(isa, &xf, a, &mut p);
+                simd::affine_quantize_f32(Isa::Scalar, &xf, a, &mut q);
+                assert_eq!(p, q, "f32 {isa:?} n {n} {a:?}");
+                let (mut d1, mut d2) = (vec![0f64; n], vec![0f64; n]);
+                simd::affine_dequantize_f64(isa, &p, a.zp, 0.37, &mut d1);
+                simd::affine_dequantize_f64(Isa::Scalar, &p, a.zp, 0.37, &mut d2);
+                assert_eq!(d1, d2);
+                let (mut f1, mut f2) = (vec![0f32; n], vec![0f32; n]);
+                simd::affine_dequantize_f32(isa, &p, a.zp, 1.0 / 3.0, &mut f1);
+                simd::affine_dequantize_f32(Isa::Scalar, &p, a.zp, 1.0 / 3.0, &mut f2);
+                assert_eq!(f1, f2);
+            }
+            let codes: Vec<i8> = x
+                .iter()
+                .map(|&v| (v as i64).rem_euclid(16) as i8 - 8)
+                .collect();
+            let (mut p1, mut p2) = (vec![0u8; n / 2], vec![0u8; n / 2]);
+            simd::pack_int4(isa, &codes, &mut p1);
+            simd::pack_int4(Isa::Scalar, &codes, &mut p2);
+            assert_eq!(p1, p2);
+            let (mut u1, mut u2) = (vec![0i8; 2 * (n / 2)], vec![0i8; 2 * (n / 2)]);
+            simd::unpack_int4(isa, &p1, &mut u1);
+            simd::unpack_int4(Isa::Scalar, &p1, &mut u2);
+            assert_eq!(u1, u2);
+            assert_eq!(u1, codes[..2 * (n / 2)]);
+        }
+    }
+}
+
+#[test]
+fn non_finite_values_are_flagged_by_every_range() {
+    for isa in Isa::supported() {
+        for n in [1usize, 3, 8, 15, 16, 17, 33, 100] {
+            for pos in [0, n / 2, n - 1] {
+                for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                    let mut x = vec![1.0f64; n];
+                    x[pos] = bad;
+                    assert!(simd::range_f64(isa, &x).non_finite, "{isa:?} {n} {pos}");
+                    let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                    assert!(simd::range_f32(isa, &xf).non_finite, "{isa:?} {n} {pos}");
+                }
+            }
+        }
+    }
+}
+
+fn check_all_isas<T: Float + std::fmt::Debug>(x: &[T], shape: &[usize]) {
+    for c in every_config() {
+        let want = run(Isa::Scalar, x, shape, c).expect("finite input");
+        let vals: Vec<T> = values(Isa::Scalar, &want, shape, c, x.len());
+        for isa in Isa::supported() {
+            let got = run(isa, x, shape, c).expect("finite input");
+            assert_eq!(got, want, "{isa:?} {c:?} shape {shape:?} {}", T::NAME);
+            let v: Vec<T> = values(isa, &got, shape, c, x.len());
+            let bits = |v: &[T]| v.iter().map(|e| e.to_f64().to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&v), bits(&vals), "{isa:?} {c:?} {shape:?}");
+        }
+    }
+}
+
+#[test]
+fn the_kernel_matches_scalar_for_tails_and_rows_of_every_length() {
+    for n in 0..=40 {
+        let x = adversarial_f64(n, 5 + n as u64);
+        check_all_isas(&x, &[n]);
+        let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        check_all_isas(&xf, &[n]);
+    }
+    for cols in 0..=70 {
+        for rows in [1usize, 2, 3] {
+            let x = adversarial_f64(rows * cols, (rows * 100 + cols) as u64);
+            let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            check_all_isas(&xf, &[rows, cols]);
+            check_all_isas(&x, &[rows, cols]);
+        }
+    }
+}
+
+#[test]
+fn half_precision_inputs_match_on_every_isa() {
+    let x = adversarial_f64(4099, 17);
+    let xh: Vec<f16> = x.iter().map(|&v| f16::from_f64(v)).collect();
+    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f64(v)).collect();
+    for shape in [vec![4099usize, 1], vec![1, 4099], vec![4099]] {
+        check_all_isas(&xh, &shape);
+        check_all_isas(&xb, &shape);
+    }
+    // And the codes of a half input are those of its exact f64 values.
+    let xd: Vec<f64> = xh.iter().map(|v| v.to_f64()).collect();
+    for c in every_config() {
+        assert_eq!(
+            run(Isa::detected(), &xh, &[4099], c).unwrap(),
+            run(Isa::Scalar, &xd, &[4099], c).unwrap()
+        );
+    }
+}
+
+#[test]
+fn large_inputs_do_not_depend_on_the_thread_count() {
+    let n = 1 << 20;
+    let x: Vec<f32> = adversarial_f64(n, 99).iter().map(|&v| v as f32).collect();
+    for c in every_config() {
+        for shape in [vec![n], vec![1024, 1024], vec![4097, 255]] {
+            let k: usize = shape.iter().product();
+            let outs = with_threads(&[1, 2, 3], |_| {
+                run(Isa::detected(), &x[..k], &shape, c).unwrap()
+            });
+            assert_eq!(outs[0], outs[1], "{c:?} {shape:?}");
+            assert_eq!(outs[0], outs[2], "{c:?} {shape:?}");
+            let vals = with_threads(&[1, 3], |_| {
+                values::<f32>(Isa::detected(), &outs[0], &shape, c, k)
+            });
+            assert_eq!(vals[0], vals[1]);
+        }
+    }
+}
+
+#[test]
+fn the_reported_non_finite_index_does_not_depend_on_the_thread_count() {
+    let n = 1 << 20;
+    let mut x: Vec<f32> = adversarial_f64(n, 7).iter().map(|&v| v as f32).collect();
+    x[900_001] = f32::INFINITY;
+    x[600_000] = f32::NAN;
+    for c in every_config() {
+        let errs = with_threads(&[1, 2, 3, 7], |_| {
+            run(Isa::detected(), &x, &[1024, 1024], c).unwrap_err()
+        });
+        for e in errs {
+            assert_eq!(
+                e,
+                QuantError::NonFinite {
+                    arg: "x",
+                    index: 600_000
+                }
+            );
+        }
+    }
+}
