@@ -20,6 +20,16 @@ from ._runtime import (
     supported_isas,
     warn_about_environment,
 )
+from .affine import (
+    QuantConfig,
+    QuantizedLinear,
+    QuantizedTensor,
+    QuantStats,
+    dequantize,
+    quantization_stats,
+    quantize,
+    quantize_named_parameters,
+)
 from .blockwise import BlockwiseQuantized, dequantize_blockwise, quantize_blockwise
 from .errors import (
     EmptyInputError,
@@ -30,11 +40,12 @@ from .errors import (
     QuantizationError,
     ShapeMismatchError,
 )
-from .quantizers import Blockwise8
+from .quantizers import Affine, Blockwise8
 from .registry import Quantizer, get_quantizer, list_quantizers, register_quantizer
 from .serialization import load, load_bytes, save, save_bytes
 
 __all__ = [
+    "Affine",
     "Blockwise8",
     "BlockwiseQuantized",
     "EmptyInputError",
@@ -42,17 +53,25 @@ __all__ = [
     "InvalidConfigError",
     "NonFiniteError",
     "PrecisionWarning",
+    "QuantConfig",
+    "QuantStats",
     "QuantizationError",
+    "QuantizedLinear",
+    "QuantizedTensor",
     "Quantizer",
     "ShapeMismatchError",
     "__version__",
+    "dequantize",
     "dequantize_blockwise",
     "get_num_threads",
     "get_quantizer",
     "list_quantizers",
     "load",
     "load_bytes",
+    "quantization_stats",
+    "quantize",
     "quantize_blockwise",
+    "quantize_named_parameters",
     "register_quantizer",
     "save",
     "save_bytes",

@@ -61,6 +61,11 @@ class Quantized:
         return obj
 
     @property
+    def label(self) -> str:
+        """The registry name of the scheme that made this value (the scheme tag by default)."""
+        return self.scheme
+
+    @property
     def nbytes(self) -> int:
         """Bytes actually held by the arrays."""
         return int(sum(getattr(self, a).nbytes for a in self._arrays))
@@ -76,7 +81,7 @@ class Quantized:
         extra = self._repr_fields()
         return (
             f"{type(self).__name__}(shape={getattr(self, 'shape', None)}, "
-            f"scheme={self.scheme!r}{', ' + extra if extra else ''}, "
+            f"scheme={self.label!r}{', ' + extra if extra else ''}, "
             f"ratio={self.compression_ratio():.2f}x)"
         )
 

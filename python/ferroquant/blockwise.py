@@ -103,6 +103,11 @@ class BlockwiseQuantized(Quantized):
         object.__setattr__(self, "scales", frozen_view(scales))
 
     @property
+    def bits(self) -> int:
+        """Bits per code: 8."""
+        return 8
+
+    @property
     def scale_dtype(self) -> np.dtype:
         """The dtype of the stored scales (float16 or float32)."""
         return self.scales.dtype

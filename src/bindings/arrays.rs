@@ -146,6 +146,45 @@ pub(crate) fn output<T: Element>(py: Python<'_>, n: usize) -> PyResult<Bound<'_,
     Ok(arr.cast_into::<PyArray1<T>>()?)
 }
 
+/// Initialise, at import, every lazily initialised cache a kernel call would
+/// otherwise fill on first use: rust-numpy's C-API table, API version, dtype
+/// and borrow-tracking caches, and ours. A `fork()` while another thread is
+/// half-way through filling such a cache (the GIL can switch threads inside
+/// the import it runs) leaves the child waiting forever on an initialisation
+/// that will never finish.
+pub(crate) fn warm_up(py: Python<'_>) -> PyResult<()> {
+    fn touch<T: Element>(py: Python<'_>) -> PyResult<()> {
+        let a = output::<T>(py, 0)?;
+        drop(a.try_readonly().map_err(|e| PyValueError::new_err(e.to_string()))?);
+        drop(writable(&a)?);
+        Ok(())
+    }
+    touch::<f32>(py)?;
+    touch::<f64>(py)?;
+    touch::<f16>(py)?;
+    touch::<i8>(py)?;
+    touch::<u8>(py)?;
+    // bfloat16 resolves once ml_dtypes is imported (the package imports it first).
+    if py.import("numpy")?.call_method1("dtype", ("bfloat16",)).is_ok() {
+        drop(dtype::<bf16>(py));
+    }
+    Ok(())
+}
+
+/// Like [`output`], with the dtype looked up by NumPy name: for dtypes that
+/// rust-numpy resolves lazily and would panic on if unregistered (bfloat16,
+/// registered by ml_dtypes, which the package imports first).
+pub(crate) fn output_named<'py, T: Element>(
+    py: Python<'py>,
+    n: usize,
+    name: &str,
+) -> PyResult<Bound<'py, PyArray1<T>>> {
+    let np = py.import("numpy")?;
+    let descr = np.call_method1("dtype", (name,))?;
+    let arr = np.getattr("zeros")?.call1((n, descr))?;
+    Ok(arr.cast_into::<PyArray1<T>>()?)
+}
+
 /// Exclusive access to an output array this binding just created.
 pub(crate) fn writable<'py, T: Element>(
     arr: &Bound<'py, PyArray1<T>>,

@@ -32,7 +32,8 @@ const NAMES: [&str; 5] = [
     "FormatError",
 ];
 
-fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 5]> {
+/// The exception classes (looked up on the first call; the module calls it at import).
+pub(crate) fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 5]> {
     CLASSES.get_or_try_init(py, || {
         let module = py.import("ferroquant.errors")?;
         let get = |i: usize| -> PyResult<Py<PyType>> {

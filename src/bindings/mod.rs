@@ -6,6 +6,7 @@
 //! copy. It does no math. One file per family, with the family's stem; each
 //! has a `register` called below.
 
+mod affine;
 mod arrays;
 mod blockwise;
 mod errors;
@@ -18,8 +19,12 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _ferroquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Fill every lazy cache now, while importing (see arrays::warm_up).
+    arrays::warm_up(m.py())?;
+    errors::classes(m.py())?;
     runtime::register(m)?;
     formats::register(m)?;
     blockwise::register(m)?;
+    affine::register(m)?;
     Ok(())
 }

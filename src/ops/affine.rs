@@ -106,6 +106,47 @@ impl QuantConfig {
         }
     }
 
+    /// The configuration named as the Python API spells it: `bits` 8 or 4,
+    /// `mode` `"symmetric"` / `"asymmetric"`, `granularity` `"per_tensor"` /
+    /// `"per_channel"`. Anything else is `InvalidConfig` naming the argument.
+    pub fn from_names(bits: u32, mode: &str, granularity: &str) -> Result<Self> {
+        let bits = match bits {
+            8 => Bits::Int8,
+            4 => Bits::Int4,
+            b => {
+                return Err(QuantError::invalid(
+                    "bits",
+                    format!("expected 8 or 4, got {b}"),
+                ))
+            }
+        };
+        let mode = match mode {
+            "symmetric" => Mode::Symmetric,
+            "asymmetric" => Mode::Asymmetric,
+            m => {
+                return Err(QuantError::invalid(
+                    "mode",
+                    format!("expected 'symmetric' or 'asymmetric', got {m:?}"),
+                ))
+            }
+        };
+        let granularity = match granularity {
+            "per_tensor" => Granularity::PerTensor,
+            "per_channel" => Granularity::PerChannel,
+            g => {
+                return Err(QuantError::invalid(
+                    "granularity",
+                    format!("expected 'per_tensor' or 'per_channel', got {g:?}"),
+                ))
+            }
+        };
+        Ok(QuantConfig {
+            bits,
+            mode,
+            granularity,
+        })
+    }
+
     /// The largest code: 127 or 7.
     pub fn qmax(&self) -> f64 {
         match self.bits {

@@ -1,0 +1,501 @@
+"""Affine int8 / int4 quantization, per tensor or per channel (SPEC §2, seed 001).
+
+Math in float64, exactly as the seed: symmetric ``scale = amax / qmax`` (1.0 if
+``amax < 1e-30``), zero point 0; asymmetric ``scale = (max - min) / (qmax - qmin)``
+(1.0 if the range is below 1e-30), ``zp = round(qmin - min / scale)``; codes
+``clamp(round(v * inv + zp), qmin, qmax)`` with ``inv = 1 / scale`` (0 if
+``|scale| < 1e-30``); values ``(q - zp) * scale``. int4 codes are packed two a
+byte, element ``2i`` in the low nibble (the ONNX convention).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, Iterable, Mapping, Optional, Tuple
+
+import numpy as np
+
+from . import _ferroquant as _native
+from ._base import Quantized
+from ._checks import (
+    float_input,
+    frozen_view,
+    kernel_layout,
+    readonly,
+    shape_tuple,
+    source_dtype,
+)
+from .errors import FormatError, InvalidConfigError, ShapeMismatchError
+
+__all__ = [
+    "QuantConfig",
+    "QuantStats",
+    "QuantizedLinear",
+    "QuantizedTensor",
+    "dequantize",
+    "quantization_stats",
+    "quantize",
+    "quantize_named_parameters",
+]
+
+_MODES = ("symmetric", "asymmetric")
+_GRANULARITIES = ("per_tensor", "per_channel")
+# The seed's (qmin, qmax) table.
+_RANGE = {
+    (8, "symmetric"): (-127, 127),
+    (8, "asymmetric"): (-128, 127),
+    (4, "symmetric"): (-7, 7),
+    (4, "asymmetric"): (-8, 7),
+}
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Seed 001's ``QuantConfig``: code width, mode and granularity.
+
+    Args:
+        bits: 8 or 4.
+        mode: ``"symmetric"`` (zero point 0) or ``"asymmetric"``.
+        granularity: ``"per_tensor"`` or ``"per_channel"`` (one scale per index of axis 0).
+
+    Raises:
+        InvalidConfigError: any other value.
+    """
+
+    bits: int = 8
+    mode: str = "symmetric"
+    granularity: str = "per_tensor"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, (int, np.integer)):
+            raise InvalidConfigError(f"bits must be 8 or 4, got {self.bits!r}")
+        if int(self.bits) not in (8, 4):
+            raise InvalidConfigError(f"bits must be 8 or 4, got {self.bits!r}")
+        object.__setattr__(self, "bits", int(self.bits))
+        if self.mode not in _MODES:
+            raise InvalidConfigError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        if self.granularity not in _GRANULARITIES:
+            raise InvalidConfigError(
+                f"granularity must be one of {_GRANULARITIES}, got {self.granularity!r}"
+            )
+
+    @classmethod
+    def int8(cls) -> QuantConfig:
+        """int8, symmetric, per tensor (the default)."""
+        return cls(8, "symmetric", "per_tensor")
+
+    @classmethod
+    def int8_per_channel(cls) -> QuantConfig:
+        """int8, symmetric, per channel."""
+        return cls(8, "symmetric", "per_channel")
+
+    @classmethod
+    def int4(cls) -> QuantConfig:
+        """int4, symmetric, per tensor."""
+        return cls(4, "symmetric", "per_tensor")
+
+    @classmethod
+    def int4_per_channel(cls) -> QuantConfig:
+        """int4, symmetric, per channel."""
+        return cls(4, "symmetric", "per_channel")
+
+    def asymmetric(self) -> QuantConfig:
+        """A new config, the same but asymmetric."""
+        return QuantConfig(self.bits, "asymmetric", self.granularity)
+
+    @property
+    def qmin(self) -> int:
+        """The smallest code: int8 -127 (asymmetric -128), int4 -7 (asymmetric -8)."""
+        return _RANGE[(self.bits, self.mode)][0]
+
+    @property
+    def qmax(self) -> int:
+        """The largest code: 127 or 7."""
+        return _RANGE[(self.bits, self.mode)][1]
+
+    @property
+    def name(self) -> str:
+        """The registry name of this configuration (``int8``, ``int4-per-channel-asym``, ...)."""
+        return (
+            f"int{self.bits}"
+            + ("-per-channel" if self.granularity == "per_channel" else "")
+            + ("-asym" if self.mode == "asymmetric" else "")
+        )
+
+    def _json(self) -> Dict[str, Any]:
+        return {"bits": self.bits, "mode": self.mode, "granularity": self.granularity}
+
+    @classmethod
+    def _from_json(cls, value: Any) -> QuantConfig:
+        if not isinstance(value, dict) or set(value) != {"bits", "mode", "granularity"}:
+            raise FormatError(
+                f"config must be an object with exactly bits, mode and granularity, got {value!r}"
+            )
+        try:
+            return cls(**value)
+        except InvalidConfigError as e:
+            raise FormatError(f"invalid config: {e}") from None
+
+
+def _groups(shape: Tuple[int, ...], config: QuantConfig) -> int:
+    if config.granularity == "per_channel" and shape:
+        return shape[0]
+    return 1
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, np.ndarray):
+        return f"array of dtype {x.dtype} and shape {x.shape}"
+    return type(x).__name__
+
+
+def _unpack(data: np.ndarray, n: int) -> np.ndarray:
+    """Sign-extended int4 nibbles of ``data``, low nibble first, ``n`` values."""
+    lo = (data & 0x0F).astype(np.int8)
+    hi = (data >> 4).astype(np.int8)
+    out = np.empty(2 * data.size, np.int8)
+    out[0::2] = lo
+    out[1::2] = hi
+    out = (out ^ 8) - 8
+    return out[:n].astype(np.int8)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class QuantizedTensor(Quantized):
+    """Affine-quantized codes with float64 scales and zero points (SPEC §2).
+
+    Attributes:
+        data: ``int8[numel]`` codes, or for int4 ``uint8[ceil(numel / 2)]``, two
+            codes a byte (element ``2i`` in the low nibble, two's complement; the
+            unused high nibble of an odd-length array is 0).
+        scales: ``float64[k]``, one per group (k = 1 per tensor, ``shape[0]`` per channel).
+        zero_points: ``float64[k]`` (integer values; 0 when symmetric).
+        shape: the original shape.
+        dtype: the original dtype; :func:`dequantize` returns it.
+        config: the :class:`QuantConfig` used.
+    """
+
+    data: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+    config: QuantConfig = field(default_factory=QuantConfig)
+
+    scheme: ClassVar[str] = "affine"
+    _arrays: ClassVar[Tuple[str, ...]] = ("data", "scales", "zero_points")
+    _params: ClassVar[Tuple[str, ...]] = ("shape", "dtype", "config")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, QuantConfig):
+            raise TypeError(f"config must be a QuantConfig, got {type(self.config).__name__}")
+        config = self.config
+        shape = shape_tuple(self.shape)
+        n = math.prod(shape)
+        k = _groups(shape, config)
+        want = (np.int8, (n,)) if config.bits == 8 else (np.uint8, (-(-n // 2),))
+        data, scales, zps = self.data, self.scales, self.zero_points
+        if not isinstance(data, np.ndarray) or data.dtype != want[0]:
+            raise TypeError(
+                f"data must be a {np.dtype(want[0]).name} array for {config.bits}-bit codes, "
+                f"got {_describe(data)}"
+            )
+        for name, arr in (("scales", scales), ("zero_points", zps)):
+            if not isinstance(arr, np.ndarray) or arr.dtype.newbyteorder("=") != np.float64:
+                raise TypeError(f"{name} must be a float64 array, got {_describe(arr)}")
+            if arr.shape != (k,):
+                raise ShapeMismatchError(
+                    f"{name}: expected shape ({k},) for shape {shape} {config.granularity}, "
+                    f"got {arr.shape}"
+                )
+        if data.shape != want[1]:
+            raise ShapeMismatchError(
+                f"data: expected shape {want[1]} for {n} {config.bits}-bit codes, "
+                f"got {data.shape}"
+            )
+        data, scales, zps = kernel_layout(data), kernel_layout(scales), kernel_layout(zps)
+        if scales.size and not (scales > 0).all():  # NaN fails too
+            bad = int(np.flatnonzero(~(scales > 0))[0])
+            raise InvalidConfigError(f"scales must be > 0, got {scales[bad]} at group {bad}")
+        if zps.size and not (np.isfinite(zps).all() and (zps == np.round(zps)).all()):
+            raise InvalidConfigError("zero_points must be finite integers")
+        if config.mode == "symmetric" and zps.size and (zps != 0).any():
+            raise InvalidConfigError("zero_points must be 0 for a symmetric config")
+        codes = data if config.bits == 8 else _unpack(data, n)
+        if codes.size and (codes.min() < config.qmin or codes.max() > config.qmax):
+            raise InvalidConfigError(
+                f"data must hold codes in {config.qmin}..{config.qmax}, got "
+                f"{int(codes.min())}..{int(codes.max())}"
+            )
+        if config.bits == 4 and n % 2 == 1 and data[-1] >> 4 != 0:
+            raise InvalidConfigError("the unused high nibble of the last byte must be 0")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", source_dtype(self.dtype))
+        object.__setattr__(self, "data", frozen_view(data))
+        object.__setattr__(self, "scales", frozen_view(scales))
+        object.__setattr__(self, "zero_points", frozen_view(zps))
+
+    @property
+    def bits(self) -> int:
+        """Bits per code (8 or 4)."""
+        return self.config.bits
+
+    def numel(self) -> int:
+        """Number of values: the product of ``shape``."""
+        return int(math.prod(self.shape))
+
+    def size_bytes(self) -> int:
+        """Bytes of codes: ``numel`` for int8, ``ceil(numel / 2)`` for int4 (the seed's count)."""
+        n = self.numel()
+        return n if self.config.bits == 8 else -(-n // 2)
+
+    def compression_ratio(self) -> float:
+        """``4 * numel / size_bytes()`` in float64 as the seed computes it (1.0 when empty)."""
+        size = self.size_bytes()
+        return float(self.numel() * 4) / float(size) if size else 1.0
+
+    def values(self) -> np.ndarray:
+        """The codes as ``int8[numel]``, unpacked for int4."""
+        if self.config.bits == 8:
+            return self.data
+        return readonly(_unpack(self.data, self.numel()))
+
+    def dequantize(self) -> np.ndarray:
+        """The values ``(q - zp) * scale`` in the original shape and dtype (see :func:`dequantize`)."""
+        return dequantize(self)
+
+    @property
+    def label(self) -> str:
+        """The registry name of the scheme that made this value (e.g. ``int4-per-channel``)."""
+        return self.config.name
+
+    def _repr_fields(self) -> str:
+        return f"dtype={self.dtype}"
+
+    def _record(self) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        arrays, _ = super()._record()
+        return arrays, {"shape": list(self.shape), "dtype": self.dtype, "config": self.config._json()}
+
+    @classmethod
+    def _from_record(
+        cls, arrays: Mapping[str, np.ndarray], params: Mapping[str, Any]
+    ) -> QuantizedTensor:
+        p = dict(params)
+        p["config"] = QuantConfig._from_json(p.get("config"))
+        return super()._from_record(arrays, p)  # type: ignore[return-value]
+
+
+def quantize(x: Any, config: QuantConfig = QuantConfig()) -> QuantizedTensor:  # noqa: B008
+    """Affine quantization of ``x`` (SPEC §2, seed 001), computed in float64.
+
+    Args:
+        x: float32, float64, float16 or bfloat16 array of any shape (per channel:
+            one scale per index of axis 0; a 0-d input is quantized per tensor).
+        config: a :class:`QuantConfig` (default int8 symmetric per tensor).
+
+    Returns:
+        A :class:`QuantizedTensor`.
+
+    Raises:
+        TypeError: ``x`` is not a floating array, or ``config`` not a QuantConfig.
+        NonFiniteError: ``x`` holds NaN or an infinity (``.index`` says where).
+    """
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    arr = float_input(x, "x")
+    data, scales, zps = _native.quantize_affine(arr, config.bits, config.mode, config.granularity)
+    return QuantizedTensor._trusted(
+        data=readonly(data),
+        scales=readonly(scales),
+        zero_points=readonly(zps),
+        shape=arr.shape,
+        dtype=arr.dtype.name,
+        config=config,
+    )
+
+
+def _dequantize_as(q: QuantizedTensor, dtype: str) -> np.ndarray:
+    c = q.config
+    flat = _native.dequantize_affine(
+        q.data, list(q.shape), c.bits, c.mode, c.granularity, q.scales, q.zero_points, dtype
+    )
+    return flat.reshape(q.shape)
+
+
+def dequantize(q: QuantizedTensor) -> np.ndarray:
+    """Values ``(q - zp) * scale`` computed in float64, in ``q.shape`` and ``q.dtype``
+    (float16 / bfloat16 are rounded once from the float64 result).
+
+    Raises:
+        TypeError: ``q`` is not a :class:`QuantizedTensor`.
+    """
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(f"q must be a QuantizedTensor, got {type(q).__name__}")
+    return _dequantize_as(q, q.dtype)
+
+
+class QuantizedLinear:
+    """A linear layer with a quantized weight (seed 001's ``QuantizedLinear``).
+
+    ``forward(x) = x @ dequantize(W).T + bias`` in float32.
+
+    Args:
+        weight_q: a 2-D :class:`QuantizedTensor` of shape ``(out_features, in_features)``.
+        bias: ``None`` or a float array of shape ``(out_features,)``.
+
+    Raises:
+        ShapeMismatchError: the weight is not 2-D or the bias does not match.
+    """
+
+    __slots__ = ("_bias", "_weight_q")
+
+    def __init__(self, weight_q: QuantizedTensor, bias: Optional[Any] = None) -> None:
+        if not isinstance(weight_q, QuantizedTensor):
+            raise TypeError(f"weight_q must be a QuantizedTensor, got {type(weight_q).__name__}")
+        if len(weight_q.shape) != 2:
+            raise ShapeMismatchError(
+                f"weight_q: expected a 2-D (out_features, in_features) weight, "
+                f"got shape {weight_q.shape}"
+            )
+        self._weight_q = weight_q
+        self._bias: Optional[np.ndarray] = None
+        if bias is not None:
+            b = float_input(bias, "bias")
+            if b.shape != (weight_q.shape[0],):
+                raise ShapeMismatchError(
+                    f"bias: expected shape ({weight_q.shape[0]},), got {b.shape}"
+                )
+            self._bias = readonly(b.astype(np.float32))
+
+    @classmethod
+    def from_linear(
+        cls,
+        weight: Any,
+        bias: Optional[Any] = None,
+        config: QuantConfig = QuantConfig(),  # noqa: B008
+    ) -> QuantizedLinear:
+        """Quantize a float ``weight`` of shape ``(out_features, in_features)``.
+
+        Raises:
+            ShapeMismatchError: ``weight`` is not 2-D or ``bias`` does not match.
+        """
+        w = float_input(weight, "weight")
+        if w.ndim != 2:
+            raise ShapeMismatchError(
+                f"weight: expected a 2-D (out_features, in_features) array, got shape {w.shape}"
+            )
+        return cls(quantize(w, config), bias)
+
+    @property
+    def in_features(self) -> int:
+        """Input features: ``weight.shape[1]``."""
+        return int(self._weight_q.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        """Output features: ``weight.shape[0]``."""
+        return int(self._weight_q.shape[0])
+
+    @property
+    def weight_quantized(self) -> QuantizedTensor:
+        """The quantized weight."""
+        return self._weight_q
+
+    @property
+    def bias(self) -> Optional[np.ndarray]:
+        """The float32 bias, or None."""
+        return self._bias
+
+    def memory_savings_bytes(self) -> int:
+        """``4 * numel - size_bytes()`` of the weight, as the seed counts it."""
+        return 4 * self._weight_q.numel() - self._weight_q.size_bytes()
+
+    def forward(self, x: Any) -> np.ndarray:
+        """``x @ dequantize(W).T + bias`` for ``x`` of shape ``(..., in_features)``, float32.
+
+        Raises:
+            ShapeMismatchError: ``x``'s last dimension is not ``in_features``.
+        """
+        arr = float_input(x, "x")
+        if arr.ndim == 0 or arr.shape[-1] != self.in_features:
+            raise ShapeMismatchError(
+                f"x: expected shape (..., {self.in_features}), got {arr.shape}"
+            )
+        w = _dequantize_as(self._weight_q, "float32")
+        out = np.matmul(arr.astype(np.float32, copy=False), w.T)
+        if self._bias is not None:
+            out += self._bias
+        return out
+
+    __call__ = forward
+
+    def __repr__(self) -> str:
+        c = self._weight_q.config
+        return (
+            f"QuantizedLinear(in_features={self.in_features}, out_features={self.out_features}, "
+            f"bits={c.bits}, mode={c.mode!r}, granularity={c.granularity!r}, "
+            f"bias={self._bias is not None}, ratio={self._weight_q.compression_ratio():.1f}x)"
+        )
+
+
+def _named(params: Any) -> Iterable[Tuple[str, Any]]:
+    if isinstance(params, Mapping):
+        return params.items()
+    raise TypeError(f"params must be a mapping of names to arrays, got {type(params).__name__}")
+
+
+def quantize_named_parameters(
+    params: Mapping[str, Any],
+    config: QuantConfig = QuantConfig(),  # noqa: B008
+) -> Dict[str, QuantizedTensor]:
+    """Quantize every entry of rank >= 2, in input order (seed 001).
+
+    Raises:
+        TypeError: ``params`` is not a mapping, or an entry of rank >= 2 is not floating.
+    """
+    out: Dict[str, QuantizedTensor] = {}
+    for name, value in _named(params):
+        if np.ndim(value) >= 2:
+            out[name] = quantize(value, config)
+    return out
+
+
+@dataclass(frozen=True)
+class QuantStats:
+    """Seed 001's ``QuantStats``: what quantizing a model's parameters would save."""
+
+    num_quantized: int
+    num_fp32: int
+    fp32_bytes: int
+    quantized_bytes: int
+    compression_ratio: float
+
+
+def quantization_stats(
+    params: Mapping[str, Any],
+    config: QuantConfig = QuantConfig(),  # noqa: B008
+) -> QuantStats:
+    """The seed's accounting, without quantizing: every parameter counts 4 bytes an
+    element in float32; one of rank >= 2 counts its code bytes (``numel`` or
+    ``ceil(numel / 2)``) plus 16 bytes of metadata (``16 * shape[0]`` per channel),
+    any other stays float32.
+    """
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    num_q = num_f = fp32 = qbytes = 0
+    for _, value in _named(params):
+        shape = np.shape(value)
+        numel = int(math.prod(shape))
+        fp32 += numel * 4
+        if len(shape) >= 2:
+            num_q += 1
+            size = numel if config.bits == 8 else -(-numel // 2)
+            meta = 16 * shape[0] if config.granularity == "per_channel" else 16
+            qbytes += size + meta
+        else:
+            num_f += 1
+            qbytes += numel * 4
+    ratio = float(fp32) / float(qbytes) if qbytes > 0 else 1.0
+    return QuantStats(num_q, num_f, fp32, qbytes, ratio)
+
