@@ -74,6 +74,64 @@ def test_quantize_inspect_dequantize(tmp_path, model):
     np.testing.assert_array_equal(restored["position_ids"], src["position_ids"])
 
 
+AFFINE = [
+    "int8",
+    "int8-asym",
+    "int8-per-channel",
+    "int8-per-channel-asym",
+    "int4",
+    "int4-asym",
+    "int4-per-channel",
+    "int4-per-channel-asym",
+]
+
+
+@pytest.mark.parametrize("scheme", AFFINE)
+def test_every_affine_scheme_through_the_cli(tmp_path, model, scheme):
+    out, back = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", scheme, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert f"4 of 7 tensors quantized with {scheme}" in r.stdout
+    src = stn.load_file(str(model))
+    got = fq.load(out)
+    quantizer = fq.get_quantizer(scheme)
+    names = ("encoder.layer.0.weight", "embeddings.word", "conv.weight", "lm_head.weight")
+    for name in names:
+        want = quantizer.quantize(src[name])
+        assert got[name] == want
+        assert got[name].dtype == src[name].dtype.name
+    # The summary shows the code width and the bytes really held (int4 packed).
+    row = next(line for line in r.stdout.splitlines() if line.startswith("encoder.layer.0.weight"))
+    cols = row.split()
+    bits = "4" if scheme.startswith("int4") else "8"
+    assert cols[2] == scheme and cols[3] == bits
+    held = got["encoder.layer.0.weight"].nbytes
+    assert held == (96 * 80 // (2 if bits == "4" else 1)) + 16 * (
+        96 if "per-channel" in scheme else 1
+    )
+    assert f"{96 * 80 * 4 / held:.2f}x" in row
+
+    r = cli("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert scheme in r.stdout
+
+    r = cli("dequantize", str(out), "-o", str(back))
+    assert r.returncode == 0, r.stderr
+    restored = fq.load(back)
+    for name in names:
+        assert restored[name].dtype == src[name].dtype
+        assert restored[name].tobytes() == fq.dequantize(got[name]).tobytes()
+
+
+def test_params_reach_the_quantizer(tmp_path, model):
+    out = tmp_path / "q.safetensors"
+    r = cli("quantize", str(model), "-o", str(out), "-p", "block_size=16", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert fq.load(out)["conv.weight"].block_size == 16
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "int8", "-p", "bits=4")
+    assert r.returncode == 1 and "does not take these options" in r.stderr
+
+
 def test_quantize_refuses_an_already_quantized_file(tmp_path, model):
     out = tmp_path / "q.safetensors"
     assert cli("quantize", str(model), "-o", str(out), "--no-progress").returncode == 0

@@ -48,3 +48,36 @@ def test_wheel_matches_rust_bit_for_bit(params, arrays):
     deq = fq.dequantize_blockwise(q)
     assert deq.shape == tuple(params["shape"])
     assert deq.tobytes() == arrays["deq"].tobytes()
+
+
+AFFINE = Path(__file__).parent / "golden" / "affine.safetensors"
+
+
+def _affine_cases():
+    with safe_open(str(AFFINE), framework="np") as f:
+        for params in json.loads(f.metadata()["cases"]):
+            case = params["case"]
+            keys = ("x", "data", "scales", "zero_points", "deq")
+            arrays = {k: f.get_tensor(f"{case}.{k}") for k in keys}
+            cfg = f"int{params['bits']}-{params['mode'][:4]}-{params['granularity']}"
+            yield pytest.param(params, arrays, id=f"{case}-{cfg}-{arrays['x'].dtype}")
+
+
+def test_affine_golden_file_covers_every_config_and_dtype():
+    cases = [p.values for p in _affine_cases()]
+    configs = {(p["bits"], p["mode"], p["granularity"]) for p, _ in cases}
+    assert len(configs) == 8
+    assert {str(a["x"].dtype) for _, a in cases} == {"float32", "float16", "bfloat16", "float64"}
+
+
+@pytest.mark.parametrize(("params", "arrays"), list(_affine_cases()))
+def test_wheel_matches_rust_affine_bit_for_bit(params, arrays):
+    x = arrays["x"].reshape(params["shape"])
+    config = fq.QuantConfig(params["bits"], params["mode"], params["granularity"])
+    q = fq.quantize(x, config)
+    for field in ("data", "scales", "zero_points"):
+        got = getattr(q, field)
+        assert got.dtype == arrays[field].dtype and got.tobytes() == arrays[field].tobytes()
+    deq = fq.dequantize(q)
+    assert deq.dtype == x.dtype and deq.shape == tuple(params["shape"])
+    assert deq.tobytes() == arrays["deq"].tobytes()

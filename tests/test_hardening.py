@@ -505,3 +505,130 @@ def test_documented_error_bound_with_float16_scales(rng):
     q32 = fq.quantize_blockwise(x, 64, np.float32)
     err32 = np.abs(q32.dequantize() - x).reshape(-1, 64).max(axis=1)
     assert (err32 <= step * np.float32(0.5) * (1 + 2**-20)).all()
+
+
+# --- found by the second adversarial review -------------------------------------------
+
+
+def test_special_files_are_never_replaced(tmp_path, model):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file") as e:
+        fq.save(fifo, {"a": np.ones(2, np.float32)})
+    assert e.value.filename == str(fifo)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    r = cli("quantize", str(model), "-o", str(fifo), "--no-progress")
+    assert r.returncode == 1 and "not a regular file" in r.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_restoring_a_narrow_dtype_never_overflows_to_inf(tmp_path):
+    src, q, back = (tmp_path / n for n in ("h.safetensors", "q.safetensors", "d.safetensors"))
+    stn.save_file({"h": np.array([[65504, -65504, 1000]], np.float16)}, str(src))
+    assert cli("quantize", str(src), "-o", str(q), "--no-progress").returncode == 0
+    r = cli("dequantize", str(q), "-o", str(back))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    h = fq.load(back)["h"]
+    assert np.isfinite(h).all() and h[0, 0] == 65504 and h[0, 1] == -65504
+
+
+def test_reserved_and_colliding_names(tmp_path):
+    with pytest.raises(ValueError, match="__metadata__"):
+        fq.save_bytes({"__metadata__": np.ones(2, np.float32)})
+    src, q = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    stn.save_file(
+        {"w": np.ones((4, 4), np.float32), "w::data": np.ones(3, np.int8)}, str(src)
+    )
+    r = cli("quantize", str(src), "-o", str(q), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "w: copied, not quantized" in r.stderr
+    out = fq.load(q)
+    assert isinstance(out["w"], np.ndarray) and out["w::data"].tolist() == [1, 1, 1]
+
+
+def test_held_arrays_cannot_change_behind_the_value():
+    import copy
+    import pickle
+
+    c = np.zeros(4, np.int8)
+    s = np.ones(1, np.float16)
+    q = fq.BlockwiseQuantized(c, s, (4,), 4)
+    c[0] = -128
+    s[0] = np.nan
+    assert q.data.tolist() == [0, 0, 0, 0] and q.scales.tolist() == [1.0]
+    assert fq.BlockwiseQuantized.from_bytes(q.to_bytes()) == q
+    for clone in (copy.deepcopy(q), pickle.loads(pickle.dumps(q))):
+        assert clone == q and not clone.data.flags.writeable and not clone.scales.flags.writeable
+    # A read-only view of writable memory is copied too.
+    base = np.zeros(4, np.int8)
+    view = base.view()
+    view.flags.writeable = False
+    q2 = fq.BlockwiseQuantized(view, np.ones(1, np.float32), (4,), 4)
+    base[1] = 5
+    assert q2.data[1] == 0
+
+
+@pytest.mark.parametrize("bad", ["f4,(", "(f4,(2,))", "nonsense"])
+def test_malformed_scale_dtypes_are_invalid_config(bad, tmp_path, model):
+    with pytest.raises(fq.InvalidConfigError, match="scale_dtype"):
+        fq.quantize_blockwise(np.ones(4, np.float32), 2, bad)
+    r = cli("quantize", str(model), "-o", str(tmp_path / "x.safetensors"), "-p", f"scale_dtype={bad}")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("shape", [[0, 2**62], [0, 2**63 - 1], [2**40, 2**40, 0]])
+def test_shapes_numpy_cannot_allocate_are_refused(shape, tmp_path):
+    blob = craft({"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}})
+    with pytest.raises(fq.FormatError):
+        fq.load_bytes(blob)
+    (tmp_path / "a.safetensors").write_bytes(blob)
+    with pytest.raises(fq.FormatError):
+        fq.load(tmp_path / "a.safetensors")
+    with pytest.raises(fq.ShapeMismatchError, match="shape"):
+        fq.BlockwiseQuantized(np.zeros(0, np.int8), np.zeros(0, np.float16), tuple(shape), 64)
+
+
+def test_dequantize_keeps_user_metadata(tmp_path):
+    src, q, back = (tmp_path / n for n in ("m.safetensors", "q.safetensors", "d.safetensors"))
+    stn.save_file(
+        {"w": np.ones((4, 4), np.float32)}, str(src), metadata={"ferroquant_note": "keep me"}
+    )
+    assert cli("quantize", str(src), "-o", str(q), "--no-progress").returncode == 0
+    assert cli("dequantize", str(q), "-o", str(back)).returncode == 0
+    meta = stn.safe_open(str(back), "np").metadata()
+    assert meta == {"ferroquant_note": "keep me"}
+
+
+def test_cli_errors_name_the_tensor(tmp_path):
+    src = tmp_path / "nan.safetensors"
+    w = np.ones((3, 4), np.float32)
+    w[1, 2] = np.nan
+    stn.save_file({"layer3.w": w}, str(src))
+    r = cli("quantize", str(src), "-o", str(tmp_path / "q.safetensors"), "--scheme", "int8")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "ferroquant: error: tensor 'layer3.w': x holds a non-finite value (NaN or ±inf) at "
+        "flat index 6"
+    ]
+
+
+def test_odd_names_are_escaped_when_printed(tmp_path):
+    src = tmp_path / "n.safetensors"
+    stn.save_file({"evil\x1b[31m\nname": np.ones((2, 2), np.float32)}, str(src))
+    r = cli("inspect", str(src))
+    assert r.returncode == 0 and "\x1b" not in r.stdout and "\\x1b" in r.stdout
+
+
+def test_subclasses_save_and_small_validation_gaps():
+    class Mine(fq.BlockwiseQuantized):
+        pass
+
+    q = fq.quantize_blockwise(np.ones(4, np.float32))
+    m = Mine(q.data, q.scales, q.shape, q.block_size)
+    assert fq.load_bytes(fq.save_bytes({"m": m}))["m"] == q
+    with pytest.raises(fq.InvalidConfigError, match="scales"):
+        fq.BlockwiseQuantized(q.data, np.array([-0.0], np.float16), (4,), 64)
+    assert fq.BlockwiseQuantized(q.data, q.scales, (4,), 64, dtype="e").dtype == "float16"
+    for bad in ({4}, {4: 1}, np.array(4)):
+        with pytest.raises(TypeError, match="shape"):
+            fq.BlockwiseQuantized(q.data, q.scales, bad, 64)  # type: ignore[arg-type]

@@ -40,6 +40,14 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
+    for name in cls._arrays:
+        arr = fields[name]
+        if arr.flags.writeable:
+            arr.flags.writeable = False
+    return cls._trusted(**fields)
+
+
 class Quantized:
     """Base class of ferroquant's frozen result dataclasses (see the module docs)."""
 
@@ -98,6 +106,12 @@ class Quantized:
         return True
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays: equal by value, not hashable
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        # pickle and copy.deepcopy rebuild the arrays as fresh, private copies;
+        # _rebuild makes them read-only again, as the original's were.
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return (_rebuild, (type(self), fields))
 
     # -- the file format ------------------------------------------------------------
 

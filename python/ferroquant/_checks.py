@@ -51,7 +51,11 @@ def shape_tuple(shape: Any, arg: str = "shape") -> Tuple[int, ...]:
     Only true integers are sizes: ``2.7`` or the string ``"25"`` are refused,
     not truncated or split into digits.
     """
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+    if isinstance(shape, np.ndarray):
+        if shape.ndim != 1:
+            raise TypeError(f"{arg} must be a 1-D sequence of ints, got a {shape.ndim}-d array")
+        shape = shape.tolist()
+    if not isinstance(shape, (tuple, list)):
         raise TypeError(f"{arg} must be a tuple of ints, got {type(shape).__name__}")
     dims = []
     for d in shape:
@@ -67,21 +71,23 @@ def shape_tuple(shape: Any, arg: str = "shape") -> Tuple[int, ...]:
         )
     if any(d < 0 or d > _MAX_INT for d in dims):
         raise ShapeMismatchError(f"{arg} must hold sizes in 0..2**63-1, got {tuple(dims)}")
-    numel = 1
+    # NumPy refuses shapes whose non-zero dimensions span more than 2**63 - 1
+    # bytes even when another dimension is 0; 8 bytes is the widest element here.
+    span = 8
     for d in dims:
-        numel *= d
-    if numel > _MAX_INT:
-        raise ShapeMismatchError(f"{arg} {tuple(dims)} holds more than 2**63-1 elements")
+        span *= max(d, 1)
+    if span > _MAX_INT:
+        raise ShapeMismatchError(f"{arg} {tuple(dims)} is larger than NumPy can represent")
     return tuple(dims)
 
 
 def source_dtype(value: Any, arg: str = "dtype") -> str:
     """Normalize the dtype a value was quantized from to its name (float32, ...)."""
-    name = value if isinstance(value, str) else None
+    name = value if isinstance(value, str) and value in FLOAT_DTYPES else None
     if name is None and value is not None:
         try:
             name = np.dtype(value).name
-        except TypeError:
+        except (TypeError, ValueError, SyntaxError):
             name = None
     if name not in FLOAT_DTYPES:
         raise InvalidConfigError(
@@ -131,7 +137,7 @@ def scale_dtype(value: Any) -> np.dtype:
     """Normalize a ``scale_dtype`` argument to float16 or float32."""
     try:
         dt = np.dtype(value)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):  # NumPy's parser raises all three
         raise InvalidConfigError(
             f"scale_dtype must be numpy.float16 or numpy.float32, got {value!r}"
         ) from None
@@ -146,13 +152,30 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def frozen_view(arr: np.ndarray) -> np.ndarray:
-    """A read-only view of ``arr`` (the caller's own array keeps its flags)."""
-    if not arr.flags.writeable:
-        return arr
-    view = arr.view()
-    view.flags.writeable = False
-    return view
+def _private(arr: np.ndarray) -> bool:
+    """Whether nothing can write ``arr``'s memory: it and every array it views are
+    read-only, down to memory that is immutable (``bytes``) or owned."""
+    a: Any = arr
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes)
+
+
+def held(arr: np.ndarray) -> np.ndarray:
+    """The array a frozen value holds for ``arr``: ``arr`` itself if the kernels can
+    read it in place and nothing can change it, else one read-only private copy in
+    a layout the kernels read. Validate the result, not ``arr``: a copy made first
+    cannot change between the check and its use. The caller's array keeps its flags.
+    """
+    out = kernel_layout(arr)
+    if out is arr:
+        if _private(arr):
+            return arr
+        out = arr.copy()
+    out.flags.writeable = False
+    return out
 
 
 def warn(message: str, category: Type[Warning]) -> None:

@@ -6,10 +6,12 @@ import numpy.typing as npt
 
 __all__ = [
     "__version__",
+    "dequantize_affine",
     "dequantize_blockwise",
     "env_warnings",
     "get_num_threads",
     "parse_safetensors_header",
+    "quantize_affine",
     "quantize_blockwise",
     "set_num_threads",
     "simd_isa",
@@ -24,6 +26,19 @@ def quantize_blockwise(
 def dequantize_blockwise(
     codes: npt.NDArray[np.int8], block_size: int, scales: npt.NDArray[np.floating]
 ) -> npt.NDArray[np.float32]: ...
+def quantize_affine(
+    x: npt.NDArray[np.floating], bits: int, mode: str, granularity: str
+) -> Tuple[npt.NDArray[np.integer], npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
+def dequantize_affine(
+    data: npt.NDArray[np.integer],
+    shape: List[int],
+    bits: int,
+    mode: str,
+    granularity: str,
+    scales: npt.NDArray[np.float64],
+    zero_points: npt.NDArray[np.float64],
+    dtype: str,
+) -> npt.NDArray[np.floating]: ...
 def set_num_threads(n: int) -> None: ...
 def env_warnings() -> List[str]: ...
 def parse_safetensors_header(

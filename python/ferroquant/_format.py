@@ -106,8 +106,8 @@ def register_scheme(scheme: str, cls: type) -> None:
 
 
 def is_quantized(value: Any) -> bool:
-    """Whether ``value`` is an instance of a registered quantized class."""
-    return type(value) in _SCHEMES.values()
+    """Whether ``value`` is an instance (or a subclass's) of a registered quantized class."""
+    return isinstance(value, tuple(_SCHEMES.values()))
 
 
 def schemes() -> List[str]:
@@ -181,6 +181,8 @@ def flatten(
     flat: Dict[str, np.ndarray] = {}
 
     def put(key: str, arr: np.ndarray) -> None:
+        if key == "__metadata__":
+            raise ValueError("'__metadata__' is reserved by safetensors and cannot name a tensor")
         if key in flat:
             raise ValueError(f"tensor name {key!r} is used twice; rename one of the tensors")
         flat[key] = storable(arr, key)
@@ -241,6 +243,12 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     parent = os.path.dirname(real) or "."
     if os.path.isdir(real):
         raise _os_error(errno.EISDIR, dest)
+    if os.path.exists(real) and not os.path.isfile(real):
+        # A device, FIFO or socket: replacing it with a regular file (the write
+        # is a rename into place) would destroy it, e.g. /dev/null as root.
+        raise OSError(
+            errno.EINVAL, "not a regular file (ferroquant writes files, atomically)", dest
+        )
     if not os.path.isdir(parent):
         raise _os_error(errno.ENOENT, dest)
     if os.path.exists(real) and not os.access(real, os.W_OK):
@@ -306,6 +314,18 @@ class Tensor:
         self.nbytes = nbytes
 
 
+def representable(shape: Any, itemsize: int) -> bool:
+    """Whether NumPy can make an array of this shape: at most MAX_NDIM dimensions
+    and, zero-sized dimensions aside, at most 2**63 - 1 bytes (NumPy checks the
+    product of the other dimensions even when the array is empty)."""
+    nbytes = itemsize
+    for d in shape:
+        if d < 0 or d > 2**63 - 1:
+            return False
+        nbytes *= max(d, 1)
+    return len(shape) <= MAX_NDIM and nbytes <= 2**63 - 1
+
+
 def parse_header(
     read: Callable[[int, int], bytes], size: int, origin: str
 ) -> Tuple[Dict[str, str], Dict[str, Tensor]]:
@@ -333,7 +353,8 @@ def parse_header(
     tensors: Dict[str, Tensor] = {}
     base = 8 + n
     for name, tag, shape, start, end in entries:
-        if len(shape) > MAX_NDIM or any(d > 2**63 - 1 for d in shape):
+        itemsize = _TAGS[tag].itemsize if tag in _TAGS else 1
+        if len(shape) > MAX_NDIM or not representable(shape, itemsize):
             raise FormatError(
                 f"{origin}: tensor {name!r} has shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
                 f"({len(shape)} dimensions), which NumPy cannot represent"

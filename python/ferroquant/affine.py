@@ -20,8 +20,7 @@ from . import _ferroquant as _native
 from ._base import Quantized
 from ._checks import (
     float_input,
-    frozen_view,
-    kernel_layout,
+    held,
     readonly,
     shape_tuple,
     source_dtype,
@@ -211,10 +210,9 @@ class QuantizedTensor(Quantized):
                 )
         if data.shape != want[1]:
             raise ShapeMismatchError(
-                f"data: expected shape {want[1]} for {n} {config.bits}-bit codes, "
-                f"got {data.shape}"
+                f"data: expected shape {want[1]} for {n} {config.bits}-bit codes, got {data.shape}"
             )
-        data, scales, zps = kernel_layout(data), kernel_layout(scales), kernel_layout(zps)
+        data, scales, zps = held(data), held(scales), held(zps)
         if scales.size and not (scales > 0).all():  # NaN fails too
             bad = int(np.flatnonzero(~(scales > 0))[0])
             raise InvalidConfigError(f"scales must be > 0, got {scales[bad]} at group {bad}")
@@ -232,9 +230,9 @@ class QuantizedTensor(Quantized):
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", source_dtype(self.dtype))
-        object.__setattr__(self, "data", frozen_view(data))
-        object.__setattr__(self, "scales", frozen_view(scales))
-        object.__setattr__(self, "zero_points", frozen_view(zps))
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "scales", scales)
+        object.__setattr__(self, "zero_points", zps)
 
     @property
     def bits(self) -> int:
@@ -262,7 +260,7 @@ class QuantizedTensor(Quantized):
         return readonly(_unpack(self.data, self.numel()))
 
     def dequantize(self) -> np.ndarray:
-        """The values ``(q - zp) * scale`` in the original shape and dtype (see :func:`dequantize`)."""
+        """Values ``(q - zp) * scale`` in the original shape and dtype (:func:`dequantize`)."""
         return dequantize(self)
 
     @property
@@ -275,7 +273,8 @@ class QuantizedTensor(Quantized):
 
     def _record(self) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         arrays, _ = super()._record()
-        return arrays, {"shape": list(self.shape), "dtype": self.dtype, "config": self.config._json()}
+        params = {"shape": list(self.shape), "dtype": self.dtype, "config": self.config._json()}
+        return arrays, params
 
     @classmethod
     def _from_record(
@@ -283,10 +282,10 @@ class QuantizedTensor(Quantized):
     ) -> QuantizedTensor:
         p = dict(params)
         p["config"] = QuantConfig._from_json(p.get("config"))
-        return super()._from_record(arrays, p)  # type: ignore[return-value]
+        return super()._from_record(arrays, p)
 
 
-def quantize(x: Any, config: QuantConfig = QuantConfig()) -> QuantizedTensor:  # noqa: B008
+def quantize(x: Any, config: QuantConfig = QuantConfig()) -> QuantizedTensor:
     """Affine quantization of ``x`` (SPEC §2, seed 001), computed in float64.
 
     Args:
@@ -373,7 +372,7 @@ class QuantizedLinear:
         cls,
         weight: Any,
         bias: Optional[Any] = None,
-        config: QuantConfig = QuantConfig(),  # noqa: B008
+        config: QuantConfig = QuantConfig(),
     ) -> QuantizedLinear:
         """Quantize a float ``weight`` of shape ``(out_features, in_features)``.
 
@@ -447,7 +446,7 @@ def _named(params: Any) -> Iterable[Tuple[str, Any]]:
 
 def quantize_named_parameters(
     params: Mapping[str, Any],
-    config: QuantConfig = QuantConfig(),  # noqa: B008
+    config: QuantConfig = QuantConfig(),
 ) -> Dict[str, QuantizedTensor]:
     """Quantize every entry of rank >= 2, in input order (seed 001).
 
@@ -474,7 +473,7 @@ class QuantStats:
 
 def quantization_stats(
     params: Mapping[str, Any],
-    config: QuantConfig = QuantConfig(),  # noqa: B008
+    config: QuantConfig = QuantConfig(),
 ) -> QuantStats:
     """The seed's accounting, without quantizing: every parameter counts 4 bytes an
     element in float32; one of rank >= 2 counts its code bytes (``numel`` or
@@ -498,4 +497,3 @@ def quantization_stats(
             qbytes += numel * 4
     ratio = float(fp32) / float(qbytes) if qbytes > 0 else 1.0
     return QuantStats(num_q, num_f, fp32, qbytes, ratio)
-

@@ -17,8 +17,7 @@ from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio
 from ._checks import (
     float_input,
-    frozen_view,
-    kernel_layout,
+    held,
     positive_int,
     readonly,
     shape_tuple,
@@ -87,9 +86,10 @@ class BlockwiseQuantized(Quantized):
                 f"scales: expected shape ({nb},) for {n} elements in blocks of "
                 f"{block_size}, got {scales.shape}"
             )
-        data, scales = kernel_layout(data), kernel_layout(scales)
-        if scales.size and not (np.isfinite(scales).all() and (scales >= 0).all()):
-            bad = int(np.flatnonzero(~(np.isfinite(scales) & (scales >= 0)))[0])
+        data, scales = held(data), held(scales)
+        ok = np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)
+        if scales.size and not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
             raise InvalidConfigError(
                 f"scales must be finite and >= 0, got {scales[bad]} at block {bad}"
             )
@@ -99,8 +99,8 @@ class BlockwiseQuantized(Quantized):
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "block_size", block_size)
         object.__setattr__(self, "dtype", source_dtype(self.dtype))
-        object.__setattr__(self, "data", frozen_view(data))
-        object.__setattr__(self, "scales", frozen_view(scales))
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "scales", scales)
 
     @property
     def bits(self) -> int:

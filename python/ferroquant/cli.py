@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import ml_dtypes
 import numpy as np
 
 from . import __version__
@@ -82,6 +83,11 @@ def error_stats(
         worst = max(worst, float(d.max()))
         total += float(d.sum())
     return worst, total / a.size if a.size else 0.0
+
+
+def _shown(name: str) -> str:
+    """A tensor name safe to print: quoted with escapes if it holds control characters."""
+    return name if name.isprintable() else repr(name)
 
 
 def _ratio(source_bytes: int, held_bytes: int) -> str:
@@ -160,22 +166,35 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             bar.set_postfix_str(name[-40:], refresh=False)
             arr = reader.get(name)
             in_bytes += arr.nbytes
-            if arr.ndim >= 2 and is_float_dtype(arr.dtype):
+            # Its arrays would be stored as `name::<role>`: never over another tensor.
+            clash = any(other.startswith(name + "::") for other in reader.names)
+            if clash:
+                print(
+                    f"ferroquant: warning: {_shown(name)}: copied, not quantized: another "
+                    f"tensor's name starts with {_shown(name + '::')}",
+                    file=sys.stderr,
+                )
+            if arr.ndim >= 2 and is_float_dtype(arr.dtype) and not clash:
                 t0 = time.perf_counter()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    q = quantizer.quantize(arr)
+                    try:
+                        q = quantizer.quantize(arr)
+                    except QuantizationError as e:
+                        raise CliError(f"tensor {name!r}: {e}") from None
                 for w in caught:
-                    print(f"ferroquant: warning: {name}: {w.message}", file=sys.stderr)
+                    print(f"ferroquant: warning: {_shown(name)}: {w.message}", file=sys.stderr)
                 ms = (time.perf_counter() - t0) * 1e3
                 max_err, mean_err = error_stats(arr, quantizer.dequantize(q))
                 writer.add(name, q)
                 out_bytes += q.nbytes
                 rows.append(
                     [
-                        name,
+                        _shown(name),
                         "x".join(map(str, arr.shape)),
                         quantizer.name,
+                        str(getattr(q, "bits", "-")),
+                        _fmt_bytes(q.nbytes),
                         _ratio(arr.nbytes, q.nbytes),
                         f"{max_err:.3e}",
                         f"{mean_err:.3e}",
@@ -186,11 +205,22 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                 writer.add(name, arr)
                 out_bytes += arr.nbytes
                 rows.append(
-                    [name, "x".join(map(str, arr.shape)) or "()", "copied", "1.00x", "-", "-", "-"]
+                    [
+                        _shown(name),
+                        "x".join(map(str, arr.shape)) or "()",
+                        "copied",
+                        "-",
+                        _fmt_bytes(arr.nbytes),
+                        "1.00x",
+                        "-",
+                        "-",
+                        "-",
+                    ]
                 )
             bar.update(1)
     elapsed = time.perf_counter() - t_start
-    print(_table(rows, ["tensor", "shape", "scheme", "ratio", "max|err|", "mean|err|", "ms"]))
+    header = ["tensor", "shape", "scheme", "bits", "size", "ratio", "max|err|", "mean|err|", "ms"]
+    print(_table(rows, header))
     n_q = sum(r[2] != "copied" for r in rows)
     ratio = in_bytes / out_bytes if out_bytes else 1.0
     print(
@@ -209,7 +239,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if isinstance(value, np.ndarray):
             rows.append(
                 [
-                    name,
+                    _shown(name),
                     "array",
                     str(value.dtype),
                     "x".join(map(str, value.shape)) or "()",
@@ -221,8 +251,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         else:
             rows.append(
                 [
-                    name,
-                    value.scheme,
+                    _shown(name),
+                    value.label,
                     getattr(value, "dtype", "float32"),
                     "x".join(map(str, value.shape)) or "()",
                     _fmt_bytes(value.nbytes),
@@ -241,7 +271,11 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
     reader = TensorReader(src)
-    meta = {k: v for k, v in reader.metadata.items() if not k.startswith("ferroquant")}
+    meta = {
+        k: v
+        for k, v in reader.metadata.items()
+        if not k.startswith(ENTRY_PREFIX) and k not in ("ferroquant.source", "ferroquant.version")
+    }
     n = 0
     with StreamingWriter(out, meta) as writer:
         for name, value in reader.entries():
@@ -249,7 +283,13 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
                 restored = value.dequantize()
                 # Back to the dtype the tensor was quantized from (float16 stays float16).
                 want = FLOAT_DTYPES.get(getattr(value, "dtype", ""), restored.dtype)
-                value = restored if restored.dtype == want else restored.astype(want)
+                if restored.dtype != want:
+                    # The source values were finite in `want`; a restored value just
+                    # past its largest finite one (within half a step) is clamped
+                    # back rather than rounded to infinity.
+                    big = float(ml_dtypes.finfo(want).max)
+                    restored = np.clip(restored, -big, big).astype(want)
+                value = restored
                 n += 1
             writer.add(name, value)
     print(f"dequantized {n} tensors into {args.output}")
@@ -320,9 +360,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except MemoryError:
         print("ferroquant: error: out of memory", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("ferroquant: interrupted", file=sys.stderr)
+        return 130
     except (CliError, QuantizationError, OSError, TypeError, ValueError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, OSError) and e.filename:
             msg = f"{e.strerror}: {e.filename}"
         print(f"ferroquant: error: {msg}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug of ours: still one line, never a traceback
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"ferroquant: error: unexpected {type(e).__name__}: {first}", file=sys.stderr)
         return 1

@@ -72,7 +72,7 @@ class Affine:
     @property
     def name(self) -> str:
         """The registry name (``int8``, ``int4-per-channel-asym``, ...)."""
-        return self.config.name  # type: ignore[attr-defined, no-any-return]
+        return self.config.name  # type: ignore[attr-defined]
 
     def fits(self, shape: Tuple[int, ...], dtype: np.dtype) -> Optional[str]:
         """Why an array of this shape and dtype is not quantized with this scheme, or None."""

@@ -115,7 +115,10 @@ class StreamingWriter:
         for key, arr in flat.items():
             # Raw bytes through a uint8 view: memoryview() refuses dtypes it has no
             # buffer format for (bfloat16), and tobytes() would copy the tensor.
-            self._spill.write(arr.reshape(-1).view(np.uint8).data)
+            try:
+                self._spill.write(arr.reshape(-1).view(np.uint8).data)
+            except OSError as e:  # the spill sits beside the output: name the output
+                raise OSError(e.errno, e.strerror, os.fspath(self._path)) from None
             dtype = _format.writer_dtype(arr)
             self._index[key] = (dtype, list(arr.shape), self._offset, arr.nbytes)
             self._offset += arr.nbytes

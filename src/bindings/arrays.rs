@@ -155,7 +155,10 @@ pub(crate) fn output<T: Element>(py: Python<'_>, n: usize) -> PyResult<Bound<'_,
 pub(crate) fn warm_up(py: Python<'_>) -> PyResult<()> {
     fn touch<T: Element>(py: Python<'_>) -> PyResult<()> {
         let a = output::<T>(py, 0)?;
-        drop(a.try_readonly().map_err(|e| PyValueError::new_err(e.to_string()))?);
+        drop(
+            a.try_readonly()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+        );
         drop(writable(&a)?);
         Ok(())
     }
@@ -165,7 +168,11 @@ pub(crate) fn warm_up(py: Python<'_>) -> PyResult<()> {
     touch::<i8>(py)?;
     touch::<u8>(py)?;
     // bfloat16 resolves once ml_dtypes is imported (the package imports it first).
-    if py.import("numpy")?.call_method1("dtype", ("bfloat16",)).is_ok() {
+    if py
+        .import("numpy")?
+        .call_method1("dtype", ("bfloat16",))
+        .is_ok()
+    {
         drop(dtype::<bf16>(py));
     }
     Ok(())

@@ -14,10 +14,11 @@ F32 = np.float32
 
 
 def round_half_away(x: np.ndarray) -> np.ndarray:
-    """Rust's ``f32::round``: ties away from zero (NumPy's ``round`` ties to even)."""
+    """Rust's ``f32::round`` / ``f64::round``: ties away from zero (NumPy's ``round``
+    ties to even), and the sign of a zero result kept (``round(-0.3) == -0.0``)."""
     t = np.trunc(x)
-    step = np.where(np.abs(x - t) >= x.dtype.type(0.5), np.copysign(x.dtype.type(1), x), 0)
-    return (t + step).astype(x.dtype)
+    up = np.abs(x - t) >= x.dtype.type(0.5)
+    return np.where(up, t + np.copysign(x.dtype.type(1), x), t).astype(x.dtype)
 
 
 def quantize_blockwise(
