@@ -536,9 +536,7 @@ def test_reserved_and_colliding_names(tmp_path):
     with pytest.raises(ValueError, match="__metadata__"):
         fq.save_bytes({"__metadata__": np.ones(2, np.float32)})
     src, q = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
-    stn.save_file(
-        {"w": np.ones((4, 4), np.float32), "w::data": np.ones(3, np.int8)}, str(src)
-    )
+    stn.save_file({"w": np.ones((4, 4), np.float32), "w::data": np.ones(3, np.int8)}, str(src))
     r = cli("quantize", str(src), "-o", str(q), "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "w: copied, not quantized" in r.stderr
@@ -572,7 +570,8 @@ def test_held_arrays_cannot_change_behind_the_value():
 def test_malformed_scale_dtypes_are_invalid_config(bad, tmp_path, model):
     with pytest.raises(fq.InvalidConfigError, match="scale_dtype"):
         fq.quantize_blockwise(np.ones(4, np.float32), 2, bad)
-    r = cli("quantize", str(model), "-o", str(tmp_path / "x.safetensors"), "-p", f"scale_dtype={bad}")
+    out = str(tmp_path / "x.safetensors")
+    r = cli("quantize", str(model), "-o", out, "-p", f"scale_dtype={bad}")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
