@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compare import numpy_dequantize, numpy_quantize
+from cases.blockwise import numpy_dequantize, numpy_quantize
 
 import ferroquant as fq
 

@@ -211,6 +211,22 @@ pub fn run<R: Send>(work: usize, f: impl FnOnce(bool) -> R + Send) -> R {
     }
 }
 
+/// Merge the outcomes of two neighbouring parallel tasks so that the first
+/// error in sequence order wins (the one at the smallest flat index, which each
+/// task reports for itself), whatever the split: rayon's `reduce` combines
+/// neighbours in order, so the merged error does not depend on the thread count.
+pub fn first_error<T, E>(
+    a: std::result::Result<T, E>,
+    b: std::result::Result<T, E>,
+    merge: impl FnOnce(T, T) -> T,
+) -> std::result::Result<T, E> {
+    match (a, b) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e),
+        (Ok(x), Ok(y)) => Ok(merge(x, y)),
+    }
+}
+
 /// Split `n_units` units of `unit_len` elements each into task-sized groups:
 /// returns how many units one task takes, so that each task holds at least
 /// [`MIN_TASK_ELEMENTS`] elements and there are about four tasks per thread.

@@ -62,3 +62,43 @@ def test_no_growth_over_ten_thousand_calls():
     grown = rss_bytes() - before
     # 10,000 leaked outputs would be >= 10,000 * 4 KiB = 40 MiB.
     assert grown < 4 * 1024 * 1024, grown
+
+
+AFFINE = [fq.QuantConfig.int8(), fq.QuantConfig.int4_per_channel().asymmetric()]
+
+
+def test_affine_quantize_peak_is_close_to_the_output_size():
+    x = np.random.default_rng(2).standard_normal((4096, 4096)).astype(np.float32)
+    for config in AFFINE:
+        peak, q = peak_bytes(lambda config=config: fq.quantize(x, config))
+        assert q.data.nbytes == x.size // (1 if config.bits == 8 else 2)
+        assert peak <= 1.15 * q.nbytes, (config, peak, q.nbytes)
+
+
+def test_affine_dequantize_peak_is_close_to_the_output_size():
+    for dtype in (np.float32, np.float16):
+        q = fq.quantize(np.ones((2048, 2048), dtype), fq.QuantConfig.int4_per_channel())
+        peak, y = peak_bytes(lambda q=q: fq.dequantize(q))
+        assert y.dtype == dtype
+        assert peak <= 1.15 * y.nbytes + 256 * 1024, (peak, y.nbytes)
+
+
+def test_affine_calls_do_not_grow():
+    x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+    bad = x.copy()
+    bad[3, 7] = np.inf
+    for _ in range(200):
+        for config in AFFINE:
+            fq.dequantize(fq.quantize(x, config))
+    gc.collect()
+    before = rss_bytes()
+    for i in range(10_000):
+        config = AFFINE[i % 2]
+        fq.dequantize(fq.quantize(x, config))
+        if i % 10 == 0:
+            try:
+                fq.quantize(bad, config)
+            except fq.NonFiniteError:
+                pass
+    gc.collect()
+    assert rss_bytes() - before < 4 * 1024 * 1024

@@ -353,20 +353,6 @@ pub fn quantize_with<T: Float>(
     outcome.map_err(|index| QuantError::NonFinite { arg: "x", index })
 }
 
-/// The first error in sequence order wins (the smallest flat index), whatever
-/// the split: rayon's `reduce` combines neighbours in order.
-fn first_error<T>(
-    a: std::result::Result<T, usize>,
-    b: std::result::Result<T, usize>,
-    merge: impl FnOnce(T, T) -> T,
-) -> std::result::Result<T, usize> {
-    match (a, b) {
-        (Err(i), _) => Err(i),
-        (Ok(_), Err(j)) => Err(j),
-        (Ok(x), Ok(y)) => Ok(merge(x, y)),
-    }
-}
-
 type Found = std::result::Result<Option<(f64, f64)>, usize>;
 
 fn merge_ranges(a: Option<(f64, f64)>, b: Option<(f64, f64)>) -> Option<(f64, f64)> {
@@ -400,7 +386,10 @@ fn per_tensor<T: Float>(
         x.par_chunks(len)
             .enumerate()
             .map(|(t, xs)| stage::range(isa, xs, &mut Scratch::new()).map_err(|i| t * len + i))
-            .reduce(|| Ok(None), |a, b| first_error(a, b, merge_ranges))
+            .reduce(
+                || Ok(None),
+                |a, b| parallel::first_error(a, b, merge_ranges),
+            )
     });
     let (scale, zp) = scale_zero_point(found?, config);
     (*scale_out, *zp_out) = (scale, zp);
@@ -504,7 +493,7 @@ fn per_channel<T: Float>(
                 .zip(scales)
                 .enumerate()
                 .map(|(t, ((xs, c), (sc, zs)))| task(t * tr, xs, TaskOut::Int8(c), sc, zs))
-                .reduce(|| Ok(()), |a, b| first_error(a, b, |_, _| ())),
+                .reduce(|| Ok(()), |a, b| parallel::first_error(a, b, |_, _| ())),
             CodesMut::Int4(c) => x
                 .par_chunks(tr * cs)
                 .zip(c.par_chunks_mut(packed_len(tr * cs)))
@@ -513,7 +502,7 @@ fn per_channel<T: Float>(
                 .map(|(t, ((xs, b), (sc, zs)))| {
                     task(t * tr, xs, TaskOut::Int4(Int4Writer::new(b, 0)), sc, zs)
                 })
-                .reduce(|| Ok(()), |a, b| first_error(a, b, |_, _| ())),
+                .reduce(|| Ok(()), |a, b| parallel::first_error(a, b, |_, _| ())),
         }
     })
 }

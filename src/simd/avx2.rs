@@ -1,7 +1,7 @@
 //! AVX2 primitives: 8 lanes; tails shorter than a vector go through the
 //! scalar kernel, which computes the same values.
 
-use super::kernels::{Affine, Kernels, Range};
+use super::kernels::{Affine, Kernels, Range, F32_FAST_LIMIT, F32_FAST_MARGIN};
 use super::scalar::{quantize_one, Scalar};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -322,9 +322,39 @@ impl Kernels for Avx2 {
         // written per full chunk.
         unsafe {
             let l = AffineLanes::new(a);
+            let shortcut = a.f32_shortcut();
+            let (inv, zp) = shortcut.unwrap_or((0.0, 0.0));
+            let (inv, zp) = (_mm256_set1_ps(inv), _mm256_set1_ps(zp));
+            let (lim, margin) = (
+                _mm256_set1_ps(F32_FAST_LIMIT),
+                _mm256_set1_ps(F32_FAST_MARGIN),
+            );
+            let (qmin, qmax) = (_mm256_set1_ps(a.qmin as f32), _mm256_set1_ps(a.qmax as f32));
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
             for (c, o) in (&mut xc).zip(&mut oc) {
-                let lo = affine4(_mm256_cvtps_pd(_mm_loadu_ps(c.as_ptr())), &l);
-                let hi = affine4(_mm256_cvtps_pd(_mm_loadu_ps(c.as_ptr().add(4))), &l);
+                let v = _mm256_loadu_ps(c.as_ptr());
+                if shortcut.is_some() {
+                    // The f32 shortcut where provably exact (kernels::F32_FAST_LIMIT).
+                    let m = _mm256_mul_ps(v, inv);
+                    let y = _mm256_add_ps(m, zp);
+                    let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+                    let near_tie = _mm256_cmp_ps::<_CMP_GT_OQ>(
+                        _mm256_and_ps(_mm256_sub_ps(y, r), abs),
+                        margin,
+                    );
+                    let large = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(m, abs), lim);
+                    if _mm256_movemask_ps(_mm256_or_ps(near_tie, large)) == 0 {
+                        let q = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, qmin), qmax));
+                        store8(
+                            _mm256_castsi256_si128(q),
+                            _mm256_extracti128_si256::<1>(q),
+                            o.as_mut_ptr(),
+                        );
+                        continue;
+                    }
+                }
+                let lo = affine4(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), &l);
+                let hi = affine4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)), &l);
                 store8(lo, hi, o.as_mut_ptr());
             }
         }

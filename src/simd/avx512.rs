@@ -1,7 +1,7 @@
 //! AVX-512 (F/BW/VL) primitives: 16 lanes, masked loads and stores for tails,
 //! so a block of any length runs without a scalar remainder loop.
 
-use super::kernels::{Affine, Kernels, Range};
+use super::kernels::{Affine, Kernels, Range, F32_FAST_LIMIT, F32_FAST_MARGIN};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
@@ -84,6 +84,65 @@ impl AffineLanes {
                 qmax: _mm512_set1_pd(a.qmax),
             }
         }
+    }
+}
+
+/// The f32 shortcut's parameters broadcast (see `kernels::F32_FAST_LIMIT`).
+struct FastLanes {
+    on: bool,
+    inv: __m512,
+    zp: __m512,
+    lim: __m512,
+    margin: __m512,
+    qmin: __m512,
+    qmax: __m512,
+}
+
+impl FastLanes {
+    #[inline(always)]
+    unsafe fn new(a: Affine) -> Self {
+        let shortcut = a.f32_shortcut();
+        let (inv, zp) = shortcut.unwrap_or((0.0, 0.0));
+        // SAFETY: the caller runs with AVX-512F.
+        unsafe {
+            FastLanes {
+                on: shortcut.is_some(),
+                inv: _mm512_set1_ps(inv),
+                zp: _mm512_set1_ps(zp),
+                lim: _mm512_set1_ps(F32_FAST_LIMIT),
+                margin: _mm512_set1_ps(F32_FAST_MARGIN),
+                qmin: _mm512_set1_ps(a.qmin as f32),
+                qmax: _mm512_set1_ps(a.qmax as f32),
+            }
+        }
+    }
+}
+
+/// Affine codes of 16 f32 values: the f32 shortcut where provably exact
+/// (kernels::F32_FAST_LIMIT), else the seed's f64 arithmetic, 8 lanes at a time.
+#[inline(always)]
+unsafe fn affine16_f32(v: __m512, fast: &FastLanes, exact: &AffineLanes) -> __m512i {
+    // SAFETY: the caller runs with AVX-512F.
+    unsafe {
+        if fast.on {
+            let m = _mm512_mul_ps(v, fast.inv);
+            let y = _mm512_add_ps(m, fast.zp);
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+            let off = _mm512_abs_ps(_mm512_sub_ps(y, r));
+            let near_tie = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(off, fast.margin);
+            let large = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(m), fast.lim);
+            if near_tie | large == 0 {
+                return _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(r, fast.qmin), fast.qmax));
+            }
+        }
+        let lo = affine8(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), exact);
+        let hi = affine8(
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(v),
+            ))),
+            exact,
+        );
+        join(lo, hi)
     }
 }
 
@@ -256,31 +315,43 @@ impl Kernels for Avx512 {
     unsafe fn range_f32(x: &[f32]) -> Range<f32> {
         // SAFETY: AVX-512F per the Kernels contract; loads read inside `x`.
         unsafe {
-            let (mut lo, mut hi) = (
-                _mm512_set1_ps(f32::INFINITY),
-                _mm512_set1_ps(f32::NEG_INFINITY),
-            );
+            let inf = _mm512_set1_ps(f32::INFINITY);
+            let (mut lo0, mut hi0) = (inf, _mm512_set1_ps(f32::NEG_INFINITY));
+            let (mut lo1, mut hi1) = (lo0, hi0);
             let abs = _mm512_set1_epi32(0x7fff_ffff);
-            let mut bits = _mm512_setzero_si512();
-            let mut xc = x.chunks_exact(16);
-            for c in &mut xc {
-                let v = _mm512_loadu_ps(c.as_ptr());
-                lo = _mm512_min_ps(lo, v);
-                hi = _mm512_max_ps(hi, v);
-                bits = _mm512_max_epu32(bits, _mm512_and_si512(_mm512_castps_si512(v), abs));
+            let (mut b0, mut b1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            // Two independent sets of accumulators keep more loads in flight.
+            let mut pairs = x.chunks_exact(32);
+            for c in &mut pairs {
+                let v0 = _mm512_loadu_ps(c.as_ptr());
+                let v1 = _mm512_loadu_ps(c.as_ptr().add(16));
+                lo0 = _mm512_min_ps(lo0, v0);
+                hi0 = _mm512_max_ps(hi0, v0);
+                lo1 = _mm512_min_ps(lo1, v1);
+                hi1 = _mm512_max_ps(hi1, v1);
+                b0 = _mm512_max_epu32(b0, _mm512_and_si512(_mm512_castps_si512(v0), abs));
+                b1 = _mm512_max_epu32(b1, _mm512_and_si512(_mm512_castps_si512(v1), abs));
             }
-            let rest = xc.remainder();
+            let mut rest = pairs.remainder();
+            if rest.len() >= 16 {
+                let v = _mm512_loadu_ps(rest.as_ptr());
+                lo0 = _mm512_min_ps(lo0, v);
+                hi0 = _mm512_max_ps(hi0, v);
+                b0 = _mm512_max_epu32(b0, _mm512_and_si512(_mm512_castps_si512(v), abs));
+                rest = &rest[16..];
+            }
             if !rest.is_empty() {
                 let k = tail_mask(rest.len());
                 let v = _mm512_maskz_loadu_ps(k, rest.as_ptr());
-                lo = _mm512_mask_min_ps(lo, k, lo, v);
-                hi = _mm512_mask_max_ps(hi, k, hi, v);
-                bits = _mm512_max_epu32(bits, _mm512_and_si512(_mm512_castps_si512(v), abs));
+                lo1 = _mm512_mask_min_ps(lo1, k, lo1, v);
+                hi1 = _mm512_mask_max_ps(hi1, k, hi1, v);
+                b1 = _mm512_max_epu32(b1, _mm512_and_si512(_mm512_castps_si512(v), abs));
             }
             Range {
-                min: _mm512_reduce_min_ps(lo),
-                max: _mm512_reduce_max_ps(hi),
-                non_finite: _mm512_reduce_max_epu32(bits) >= super::F32_INF_BITS,
+                min: _mm512_reduce_min_ps(_mm512_min_ps(lo0, lo1)),
+                max: _mm512_reduce_max_ps(_mm512_max_ps(hi0, hi1)),
+                non_finite: _mm512_reduce_max_epu32(_mm512_max_epu32(b0, b1))
+                    >= super::F32_INF_BITS,
             }
         }
     }
@@ -325,26 +396,19 @@ impl Kernels for Avx512 {
         // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
         // the equal-length `x` and `out` (exact chunks, then a masked tail).
         unsafe {
-            let a = AffineLanes::new(a);
+            let exact = AffineLanes::new(a);
+            let fast = FastLanes::new(a);
             let mut xc = x.chunks_exact(16);
             let mut oc = out.chunks_exact_mut(16);
             for (c, o) in (&mut xc).zip(&mut oc) {
-                let lo = affine8(_mm512_cvtps_pd(_mm256_loadu_ps(c.as_ptr())), &a);
-                let hi = affine8(_mm512_cvtps_pd(_mm256_loadu_ps(c.as_ptr().add(8))), &a);
-                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(join(lo, hi)));
+                let q = affine16_f32(_mm512_loadu_ps(c.as_ptr()), &fast, &exact);
+                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
             }
             let rest = xc.remainder();
             if !rest.is_empty() {
                 let k = tail_mask(rest.len());
-                let v = _mm512_maskz_loadu_ps(k, rest.as_ptr());
-                let lo = affine8(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), &a);
-                let hi = affine8(
-                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                        _mm512_castps_pd(v),
-                    ))),
-                    &a,
-                );
-                _mm512_mask_cvtepi32_storeu_epi8(oc.into_remainder().as_mut_ptr(), k, join(lo, hi));
+                let q = affine16_f32(_mm512_maskz_loadu_ps(k, rest.as_ptr()), &fast, &exact);
+                _mm512_mask_cvtepi32_storeu_epi8(oc.into_remainder().as_mut_ptr(), k, q);
             }
         }
     }

@@ -50,6 +50,40 @@ pub struct Affine {
     pub qmax: f64,
 }
 
+/// When f32 input may take the f32 shortcut of the affine map, and its parameters.
+///
+/// The seed computes `y = fl64(fl64(v * inv) + zp)` and rounds half away from
+/// zero. For f32 input `v`, SIMD paths may compute `y32 = fl32(fl32(v * inv32) +
+/// zp32)` instead (16 lanes, no conversions) and take its nearest integer,
+/// *provided* `|fl32(v * inv32)| <= F32_FAST_LIMIT` and `y32` lies at least
+/// [`F32_FAST_MARGIN`] from every half-integer; any other vector is computed in
+/// f64. That gives the same code, always:
+///
+/// - `|zp| <= 1024` and integer, so `zp32 == zp`; `inv32 = f32(inv)` has relative
+///   error at most 2^-24 (inv is 0 or a normal f32, see [`Affine::f32_shortcut`]).
+/// - With `p = v * inv` exactly: `|p| <= 1000 / (1 - 2^-23)`, `|fl32(v * inv32) -
+///   p| <= |p| * 2^-23 * (1 + 2^-24)`, `|fl64(v * inv) - p| <= |p| * 2^-53`, and the
+///   two sums round by at most `(|p| + |zp|) * 2^-24` and `* 2^-53`. So
+///   `|y32 - y| <= 1000.0002 * 1.2e-7 + 2024.0002 * 6.0e-8 < 2.41e-4 < 2^-11`.
+/// - `y32` is within `0.5 - 2^-11` of an integer `k`, so `y` is within
+///   `0.5 - 2^-11 + 2.41e-4 < 0.5` of `k`: `k` is `y`'s nearest integer and `y`
+///   is no tie, so round-half-away(y) = k, and the clamps agree.
+pub const F32_FAST_LIMIT: f32 = 1000.0;
+/// See [`F32_FAST_LIMIT`]: `|y32 - nearest integer|` must not exceed `0.5 - 2^-11`.
+pub const F32_FAST_MARGIN: f32 = 0.5 - 1.0 / 2048.0;
+
+impl Affine {
+    /// `(inv32, zp32)` when f32 input may take the f32 shortcut (see
+    /// [`F32_FAST_LIMIT`]): the zero point is an integer of magnitude at most
+    /// 1024 and `inv` is 0 or within f32's normal range.
+    #[inline(always)]
+    pub fn f32_shortcut(&self) -> Option<(f32, f32)> {
+        let inv_ok = self.inv == 0.0 || (self.inv >= 2f64.powi(-120) && self.inv <= 2f64.powi(120));
+        let zp_ok = self.zp.abs() <= 1024.0 && self.zp == self.zp.trunc();
+        (inv_ok && zp_ok).then_some((self.inv as f32, self.zp as f32))
+    }
+}
+
 /// Min and max of a run, and whether it holds a NaN or an infinity (then
 /// `min`/`max` are meaningless).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -170,6 +170,69 @@ fn primitives_match_scalar_on_every_isa() {
 }
 
 #[test]
+fn the_f32_shortcut_agrees_with_f64_next_to_every_half_integer() {
+    // f32 inputs whose v * inv lands within a few f32 ulps of k + 0.5 (where f32
+    // and f64 arithmetic may round apart) and near the shortcut's limits; every
+    // SIMD path must still give the seed's f64 codes.
+    let params = [
+        Affine {
+            inv: 127.0 / 3.3,
+            zp: 0.0,
+            qmin: -127.0,
+            qmax: 127.0,
+        },
+        Affine {
+            inv: 255.0 / 7.77,
+            zp: -37.0,
+            qmin: -128.0,
+            qmax: 127.0,
+        },
+        Affine {
+            inv: 15.0 / 0.123,
+            zp: 5.0,
+            qmin: -8.0,
+            qmax: 7.0,
+        },
+        Affine {
+            inv: 1.0 / 3.0,
+            zp: 1024.0,
+            qmin: -128.0,
+            qmax: 127.0,
+        },
+        Affine {
+            inv: 1.0 / 3.0,
+            zp: 1025.0,
+            qmin: -128.0,
+            qmax: 127.0,
+        },
+        Affine {
+            inv: 0.999,
+            zp: 0.0,
+            qmin: -128.0,
+            qmax: 127.0,
+        },
+    ];
+    let mut r = Rng(77);
+    for a in params {
+        let mut x = Vec::new();
+        for k in -1100i32..1100 {
+            let target = ((k as f64 + 0.5) - a.zp) / a.inv;
+            let base = target as f32;
+            for d in -3i32..=3 {
+                x.push(f32::from_bits((base.to_bits() as i32 + d) as u32));
+            }
+            x.push((target * (1.0 + (r.unit() as f64 - 0.5) * 1e-6)) as f32);
+        }
+        for isa in Isa::supported() {
+            let (mut p, mut q) = (vec![0i8; x.len()], vec![0i8; x.len()]);
+            simd::affine_quantize_f32(isa, &x, a, &mut p);
+            simd::affine_quantize_f32(Isa::Scalar, &x, a, &mut q);
+            assert_eq!(p, q, "{isa:?} {a:?}");
+        }
+    }
+}
+
+#[test]
 fn non_finite_values_are_flagged_by_every_range() {
     for isa in Isa::supported() {
         for n in [1usize, 3, 8, 15, 16, 17, 33, 100] {
