@@ -84,7 +84,8 @@ def _round_once(values: np.ndarray, dtype: str) -> np.ndarray:
     """float64 -> dtype, rounded once to nearest even (exact for f16 in NumPy;
     for bfloat16 through float32 rounded to odd, which keeps one rounding)."""
     if dtype in ("float64", "float32", "float16"):
-        return values.astype(dtype)
+        with np.errstate(over="ignore"):  # beyond the dtype's range is inf, as in Rust
+            return values.astype(dtype)
     f = values.astype(np.float32)
     back = f.astype(np.float64)
     inexact = back != values
