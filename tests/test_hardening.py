@@ -627,7 +627,102 @@ def test_subclasses_save_and_small_validation_gaps():
     assert fq.load_bytes(fq.save_bytes({"m": m}))["m"] == q
     with pytest.raises(fq.InvalidConfigError, match="scales"):
         fq.BlockwiseQuantized(q.data, np.array([-0.0], np.float16), (4,), 64)
-    assert fq.BlockwiseQuantized(q.data, q.scales, (4,), 64, dtype="e").dtype == "float16"
+    assert fq.BlockwiseQuantized(q.data, q.scales, (4,), 64, dtype=np.float16).dtype == "float16"
+    with pytest.raises(fq.InvalidConfigError, match="dtype"):  # strings: the four names only
+        fq.BlockwiseQuantized(q.data, q.scales, (4,), 64, dtype="e")
     for bad in ({4}, {4: 1}, np.array(4)):
         with pytest.raises(TypeError, match="shape"):
             fq.BlockwiseQuantized(q.data, q.scales, bad, 64)  # type: ignore[arg-type]
+
+
+# --- found by the adversarial review of the affine family -------------------------------
+
+
+def test_a_callers_rounding_mode_changes_nothing():
+    r = run_python(
+        """
+        import ctypes, numpy as np, ferroquant as fq
+        libm = ctypes.CDLL("libm.so.6")
+        x = np.random.default_rng(0).standard_normal((64, 33)) * 7
+        inputs = [x, x.astype(np.float32)]  # made before the rounding mode changes
+        configs = [fq.QuantConfig(b, m, g) for b in (8, 4) for m in ("symmetric", "asymmetric")
+                   for g in ("per_tensor", "per_channel")]
+        def run():
+            out = []
+            for c in configs:
+                for arr in inputs:
+                    q = fq.quantize(arr, c)
+                    out.append(q.to_bytes() + q.dequantize().tobytes())
+            return out
+        want = run()
+        for mode in (0x400, 0x800, 0xC00):  # down, up, toward zero
+            assert libm.fesetround(mode) == 0
+            got = run()
+            libm.fesetround(0)
+            assert got == want, hex(mode)
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [{"names": ["a"], "formats": ["f4"], "itemsize": 10**30}, "f4," * 1000, ">f4", "e", "half"],
+    ids=["struct", "long", "big-endian", "char", "alias"],
+)
+def test_entry_dtypes_are_the_four_names_exactly(dtype):
+    b = fq.quantize(np.ones((2, 3), np.float32)).to_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8 : 8 + n])
+    entry = json.loads(header["__metadata__"]["ferroquant:value"])
+    entry["dtype"] = dtype
+    header["__metadata__"]["ferroquant:value"] = json.dumps(entry)
+    with pytest.raises(fq.FormatError, match="dtype") as e:
+        fq.load_bytes(craft(header, b[8 + n :]))
+    assert len(str(e.value)) < 300
+    with pytest.raises(fq.InvalidConfigError):
+        fq.QuantizedTensor(np.zeros(1, np.int8), np.ones(1), np.zeros(1), (1,), dtype)
+
+
+def test_quantized_linear_refuses_non_finite_values():
+    w = np.ones((5, 7), np.float32)
+    with pytest.raises(fq.NonFiniteError, match="bias") as e:
+        fq.QuantizedLinear.from_linear(w, np.full(5, np.nan, np.float32))
+    with pytest.raises(fq.NonFiniteError, match="bias"):
+        fq.QuantizedLinear.from_linear(w, np.full(5, 1e300))  # inf in float32
+    bad = w.copy()
+    bad[1, 3] = np.inf
+    with pytest.raises(fq.NonFiniteError, match="^weight") as e:
+        fq.QuantizedLinear.from_linear(bad)
+    assert e.value.index == 10
+    layer = fq.QuantizedLinear.from_linear(w)
+    x = np.ones((3, 7), np.float32)
+    x[2, 4] = np.nan
+    with pytest.raises(fq.NonFiniteError, match="^x") as e:
+        layer.forward(x)
+    assert e.value.index == 18
+    with pytest.raises(fq.NonFiniteError):
+        layer.forward(np.full((1, 7), 1e300))
+
+
+def test_parameter_helpers_check_and_name_their_entries():
+    bad = np.ones((2, 2), np.float32)
+    bad[0, 1] = np.nan
+    with pytest.raises(fq.NonFiniteError, match="dec.w") as e:
+        fq.quantize_named_parameters({"enc.w": np.ones((2, 2), np.float32), "dec.w": bad})
+    assert e.value.index == 1
+    for value in (None, "hello", np.ones((2, 2), bool), [[1, 2], [3, 4]]):
+        with pytest.raises(TypeError, match="params"):
+            fq.quantization_stats({"a": value})
+    with pytest.raises(TypeError, match="config"):
+        fq.quantize_named_parameters({"a": np.ones(3)}, None)  # type: ignore[arg-type]
+    c = fq.QuantConfig(8, np.str_("asymmetric"))
+    assert type(c.mode) is str and "np.str_" not in repr(c)
+
+
+def test_thread_counts_too_large_say_so(restore_threads):
+    for n in (1025, 2**64):
+        with pytest.raises(fq.InvalidConfigError, match="at most"):
+            fq.set_num_threads(n)

@@ -130,7 +130,9 @@ class Quantized:
         validates everything; whatever it refuses is a FormatError."""
         try:
             return cls(**arrays, **params)
-        except (TypeError, ValueError) as e:
+        except MemoryError:
+            raise
+        except Exception as e:  # untrusted input: whatever the class refuses is a FormatError
             raise _format.as_format_error(cls.scheme, e) from None
 
     def to_bytes(self) -> bytes:

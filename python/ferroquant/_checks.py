@@ -40,8 +40,10 @@ def positive_int(value: Any, arg: str) -> int:
         n = operator.index(value)
     except TypeError:
         raise TypeError(f"{arg} must be an integer, got {type(value).__name__}") from None
-    if n < 1 or n > _MAX_INT:
+    if n < 1:
         raise InvalidConfigError(f"{arg} must be an integer >= 1, got {n}")
+    if n > _MAX_INT:
+        raise InvalidConfigError(f"{arg} must be at most 2**63 - 1, got {n}")
     return n
 
 
@@ -81,17 +83,29 @@ def shape_tuple(shape: Any, arg: str = "shape") -> Tuple[int, ...]:
     return tuple(dims)
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def source_dtype(value: Any, arg: str = "dtype") -> str:
-    """Normalize the dtype a value was quantized from to its name (float32, ...)."""
-    name = value if isinstance(value, str) and value in FLOAT_DTYPES else None
-    if name is None and value is not None:
+    """Normalize the dtype a value was quantized from to its name (float32, ...).
+
+    Strings must be one of the four names exactly (files store them so, and a
+    string is never handed to NumPy's dtype parser); a ``np.dtype`` or a NumPy
+    scalar type such as ``np.float16`` is accepted and named.
+    """
+    name: Optional[str] = None
+    if isinstance(value, str):
+        name = str(value)
+    elif isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
         try:
             name = np.dtype(value).name
-        except (TypeError, ValueError, SyntaxError):
+        except Exception:  # an exotic scalar type: not a float dtype
             name = None
     if name not in FLOAT_DTYPES:
         raise InvalidConfigError(
-            f"{arg} must be one of {', '.join(FLOAT_DTYPE_NAMES)}, got {value!r}"
+            f"{arg} must be one of {', '.join(FLOAT_DTYPE_NAMES)}, got {_short(value)}"
         )
     return name
 

@@ -7,6 +7,7 @@ from typing import List
 
 from . import _ferroquant as _native
 from ._checks import positive_int
+from .errors import InvalidConfigError
 
 __all__ = ["get_num_threads", "set_num_threads", "simd_isa", "supported_isas"]
 
@@ -21,7 +22,10 @@ def set_num_threads(n: int) -> None:
         TypeError: ``n`` is not an integer.
         InvalidConfigError: ``n`` is outside 1..1024.
     """
-    _native.set_num_threads(positive_int(n, "n"))
+    n = positive_int(n, "n")
+    if n > MAX_THREADS:
+        raise InvalidConfigError(f"n must be at most {MAX_THREADS} threads, got {n}")
+    _native.set_num_threads(n)
 
 
 def get_num_threads() -> int:

@@ -25,7 +25,13 @@ from ._checks import (
     shape_tuple,
     source_dtype,
 )
-from .errors import FormatError, InvalidConfigError, ShapeMismatchError
+from .errors import (
+    FormatError,
+    InvalidConfigError,
+    NonFiniteError,
+    QuantizationError,
+    ShapeMismatchError,
+)
 
 __all__ = [
     "QuantConfig",
@@ -72,6 +78,10 @@ class QuantConfig:
         if int(self.bits) not in (8, 4):
             raise InvalidConfigError(f"bits must be 8 or 4, got {self.bits!r}")
         object.__setattr__(self, "bits", int(self.bits))
+        if isinstance(self.mode, str):
+            object.__setattr__(self, "mode", str(self.mode))
+        if isinstance(self.granularity, str):
+            object.__setattr__(self, "granularity", str(self.granularity))
         if self.mode not in _MODES:
             raise InvalidConfigError(f"mode must be one of {_MODES}, got {self.mode!r}")
         if self.granularity not in _GRANULARITIES:
@@ -135,6 +145,30 @@ class QuantConfig:
             return cls(**value)
         except InvalidConfigError as e:
             raise FormatError(f"invalid config: {e}") from None
+
+
+def _finite_f32(arr: np.ndarray, arg: str) -> np.ndarray:
+    """``arr`` as float32, or NonFiniteError naming ``arg`` and the first flat index
+    holding NaN, ±inf, or a value beyond float32's range."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = arr.astype(np.float32, copy=False)
+    ok = np.isfinite(f)
+    if not ok.all():
+        index = int(np.flatnonzero(~ok.reshape(-1))[0])
+        raise NonFiniteError(
+            f"{arg} holds a non-finite value (NaN or ±inf) at flat index {index}", index
+        )
+    return f
+
+
+def _renamed(e: QuantizationError, old: str, new: str) -> QuantizationError:
+    """The same error with the argument it names changed (``x`` -> ``weight``)."""
+    text = str(e)
+    if text.startswith(old + " "):
+        text = new + text[len(old) :]
+    if isinstance(e, NonFiniteError):
+        return NonFiniteError(text, e.index)
+    return type(e)(text)
 
 
 def _groups(shape: Tuple[int, ...], config: QuantConfig) -> int:
@@ -365,7 +399,7 @@ class QuantizedLinear:
                 raise ShapeMismatchError(
                     f"bias: expected shape ({weight_q.shape[0]},), got {b.shape}"
                 )
-            self._bias = readonly(b.astype(np.float32))
+            self._bias = readonly(np.array(_finite_f32(b, "bias"), np.float32))
 
     @classmethod
     def from_linear(
@@ -384,7 +418,11 @@ class QuantizedLinear:
             raise ShapeMismatchError(
                 f"weight: expected a 2-D (out_features, in_features) array, got shape {w.shape}"
             )
-        return cls(quantize(w, config), bias)
+        try:
+            weight_q = quantize(w, config)
+        except QuantizationError as e:
+            raise _renamed(e, "x", "weight") from None
+        return cls(weight_q, bias)
 
     @property
     def in_features(self) -> int:
@@ -421,8 +459,9 @@ class QuantizedLinear:
             raise ShapeMismatchError(
                 f"x: expected shape (..., {self.in_features}), got {arr.shape}"
             )
+        x32 = _finite_f32(arr, "x")
         w = _dequantize_as(self._weight_q, "float32")
-        out = np.matmul(arr.astype(np.float32, copy=False), w.T)
+        out = np.matmul(x32, w.T)
         if self._bias is not None:
             out += self._bias
         return out
@@ -438,10 +477,21 @@ class QuantizedLinear:
         )
 
 
-def _named(params: Any) -> Iterable[Tuple[str, Any]]:
-    if isinstance(params, Mapping):
-        return params.items()
-    raise TypeError(f"params must be a mapping of names to arrays, got {type(params).__name__}")
+def _named(params: Any, config: Any) -> Iterable[Tuple[str, np.ndarray]]:
+    """The entries of ``params`` as floating arrays, each checked (TypeError naming it)."""
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    if not isinstance(params, Mapping):
+        raise TypeError(
+            f"params must be a mapping of names to arrays, got {type(params).__name__}"
+        )
+    out = []
+    for name, value in params.items():
+        try:
+            out.append((name, float_input(value, f"params[{name!r}]")))
+        except (TypeError, ValueError) as e:
+            raise TypeError(str(e) if "params[" in str(e) else f"params[{name!r}]: {e}") from None
+    return out
 
 
 def quantize_named_parameters(
@@ -451,12 +501,17 @@ def quantize_named_parameters(
     """Quantize every entry of rank >= 2, in input order (seed 001).
 
     Raises:
-        TypeError: ``params`` is not a mapping, or an entry of rank >= 2 is not floating.
+        TypeError: ``params`` is not a mapping, an entry is not a floating array, or
+            ``config`` is not a QuantConfig.
+        NonFiniteError: an entry holds NaN or an infinity (the message names it).
     """
     out: Dict[str, QuantizedTensor] = {}
-    for name, value in _named(params):
-        if np.ndim(value) >= 2:
-            out[name] = quantize(value, config)
+    for name, value in _named(params, config):
+        if value.ndim >= 2:
+            try:
+                out[name] = quantize(value, config)
+            except QuantizationError as e:
+                raise _renamed(e, "x", f"params[{name!r}]") from None
     return out
 
 
@@ -480,11 +535,9 @@ def quantization_stats(
     ``ceil(numel / 2)``) plus 16 bytes of metadata (``16 * shape[0]`` per channel),
     any other stays float32.
     """
-    if not isinstance(config, QuantConfig):
-        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
     num_q = num_f = fp32 = qbytes = 0
-    for _, value in _named(params):
-        shape = np.shape(value)
+    for _, value in _named(params, config):
+        shape = value.shape
         numel = int(math.prod(shape))
         fp32 += numel * 4
         if len(shape) >= 2:

@@ -337,6 +337,9 @@ pub fn quantize_with<T: Float>(
     scales: &mut [f64],
     zero_points: &mut [f64],
 ) -> Result<()> {
+    // The scale and zero point are computed between the two parallel passes, on
+    // this thread: pin the default rounding mode for all of it, not only the passes.
+    let _env = crate::simd::fpenv::Pinned::new();
     let n = x.len();
     check_lengths(shape, config, n, scales.len(), zero_points.len())?;
     match &codes {
@@ -547,6 +550,7 @@ pub fn dequantize_with<O: Float>(
     zero_points: &[f64],
     out: &mut [O],
 ) -> Result<()> {
+    let _env = crate::simd::fpenv::Pinned::new();
     let n = out.len();
     check_lengths(shape, config, n, scales.len(), zero_points.len()).map_err(|e| match e {
         QuantError::ShapeMismatch {
