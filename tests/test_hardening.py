@@ -694,13 +694,13 @@ def test_quantized_linear_refuses_non_finite_values():
         fq.QuantizedLinear.from_linear(w, np.full(5, 1e300))  # inf in float32
     bad = w.copy()
     bad[1, 3] = np.inf
-    with pytest.raises(fq.NonFiniteError, match="^weight") as e:
+    with pytest.raises(fq.NonFiniteError, match=r"^weight") as e:
         fq.QuantizedLinear.from_linear(bad)
     assert e.value.index == 10
     layer = fq.QuantizedLinear.from_linear(w)
     x = np.ones((3, 7), np.float32)
     x[2, 4] = np.nan
-    with pytest.raises(fq.NonFiniteError, match="^x") as e:
+    with pytest.raises(fq.NonFiniteError, match=r"^x") as e:
         layer.forward(x)
     assert e.value.index == 18
     with pytest.raises(fq.NonFiniteError):
@@ -710,7 +710,7 @@ def test_quantized_linear_refuses_non_finite_values():
 def test_parameter_helpers_check_and_name_their_entries():
     bad = np.ones((2, 2), np.float32)
     bad[0, 1] = np.nan
-    with pytest.raises(fq.NonFiniteError, match="dec.w") as e:
+    with pytest.raises(fq.NonFiniteError, match=r"dec\.w") as e:
         fq.quantize_named_parameters({"enc.w": np.ones((2, 2), np.float32), "dec.w": bad})
     assert e.value.index == 1
     for value in (None, "hello", np.ones((2, 2), bool), [[1, 2], [3, 4]]):

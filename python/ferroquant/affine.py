@@ -482,9 +482,7 @@ def _named(params: Any, config: Any) -> Iterable[Tuple[str, np.ndarray]]:
     if not isinstance(config, QuantConfig):
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
     if not isinstance(params, Mapping):
-        raise TypeError(
-            f"params must be a mapping of names to arrays, got {type(params).__name__}"
-        )
+        raise TypeError(f"params must be a mapping of names to arrays, got {type(params).__name__}")
     out = []
     for name, value in params.items():
         try:
