@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,20 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
+from helpers import cli
 
 import ferroquant as fq
-
-
-def cli(*args: str, env_extra=None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "ferroquant", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.fixture

@@ -12,41 +12,16 @@ import json
 import os
 import stat
 import struct
-import subprocess
-import sys
-import textwrap
 import warnings
 
 import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
+from helpers import cli, craft, run_python
 
 import ferroquant as fq
 from ferroquant import _format
-
-
-def run_python(code: str, env_extra=None, timeout=120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ferroquant", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
 
 # --- 1. an output that cannot be allocated is MemoryError, not PanicException --------
 
@@ -309,12 +284,6 @@ def test_unaligned_memmap_and_unaligned_held_arrays(tmp_path, rng):
 
 
 # --- 9. loading: every holdable dtype, identically through both paths -----------------
-
-
-def craft(header: dict, data: bytes = b"") -> bytes:
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + data
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
+from helpers import craft
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -130,13 +131,6 @@ def test_missing_path_is_an_os_error(tmp_path):
 
 
 # --- hostile files --------------------------------------------------------------
-
-
-def craft(header: dict, data: bytes = b"", header_len=None) -> bytes:
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    n = len(text) if header_len is None else header_len
-    return struct.pack("<Q", n) + text + data
 
 
 def blockwise_file(entry_patch=None, data_dtype="I8", scales_len=2, n=10, meta_extra=None):

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
 import numpy as np
 import pytest
+from helpers import run_python
 
 import ferroquant as fq
-
-
-def run_python(code: str, env_extra=None, timeout=120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_set_and_get_num_threads(restore_threads):
