@@ -152,3 +152,32 @@ def test_scalar_path_matches_the_detected_isa(tmp_path, rng):
     assert got["d"].tobytes() == q.data.tobytes()
     assert got["s"].tobytes() == q.scales.tobytes()
     assert got["y"].tobytes() == fq.dequantize_blockwise(q).tobytes()
+
+
+def test_only_ferroquants_own_pool_ever_runs_threads():
+    # Small calls stay on the calling thread and start no thread at all (rayon's
+    # global pool included); a large call starts exactly the configured pool.
+    r = run_python(
+        """
+        import os, numpy as np, ferroquant as fq
+        threads = lambda: len(os.listdir("/proc/self/task"))
+        small = np.linspace(-1, 1, 1000, dtype=np.float32).reshape(10, 100)
+        for c in [fq.QuantConfig(b, m, g) for b in (8, 4) for m in ("symmetric", "asymmetric")
+                  for g in ("per_tensor", "per_channel")]:
+            fq.dequantize(fq.quantize(small, c))
+        fq.dequantize_blockwise(fq.quantize_blockwise(small))
+        print(threads())
+        big = np.ones((2048, 2048), np.float32)
+        fq.dequantize(fq.quantize(big, fq.QuantConfig.int4_per_channel()))
+        fq.dequantize(fq.quantize(big.reshape(-1)))
+        fq.dequantize_blockwise(fq.quantize_blockwise(big))
+        print(threads())
+        """,
+        env_extra={
+            "FERROQUANT_NUM_THREADS": "2",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+        },
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "3"], r.stdout

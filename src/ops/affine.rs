@@ -401,14 +401,18 @@ fn per_tensor<T: Float>(
     let (scale, zp) = scale_zero_point(found?, config);
     (*scale_out, *zp_out) = (scale, zp);
     let a = affine(config, scale, zp);
-    // Pass 2: the codes.
+    // Pass 2: the codes. (Rayon's iterators only inside the pool: outside it they
+    // would start rayon's global pool, which ferroquant never uses.)
     parallel::run(work, |par| {
-        // Even, so int4 bytes never straddle two tasks; non-zero for par_chunks.
-        let len = if par {
-            flat_task_len(n)
-        } else {
-            (n + n % 2).max(2)
-        };
+        if !par {
+            let mut scratch = Scratch::new();
+            return match &mut codes {
+                CodesMut::Int8(c) => stage::affine_codes(isa, x, a, c, &mut scratch),
+                CodesMut::Int4(c) => int4_run(isa, x, a, &mut Int4Writer::new(c, 0), &mut scratch),
+            };
+        }
+        // Even, so int4 bytes never straddle two tasks.
+        let len = flat_task_len(n);
         match &mut codes {
             CodesMut::Int8(c) => x
                 .par_chunks(len)
@@ -464,13 +468,7 @@ fn per_channel<T: Float>(
     } else {
         1
     };
-    let task_rows = |par: bool| {
-        if par {
-            parallel::units_per_task(rows.div_ceil(unit), cs * unit) * unit
-        } else {
-            rows
-        }
-    };
+    let task_rows = || parallel::units_per_task(rows.div_ceil(unit), cs * unit) * unit;
     let task = |t0: usize, xs: &[T], out: TaskOut<'_>, sc: &mut [f64], zs: &mut [f64]| {
         let mut scratch = Scratch::new();
         let mut out = out;
@@ -489,7 +487,14 @@ fn per_channel<T: Float>(
         Ok(())
     };
     parallel::run(n, |par| {
-        let tr = task_rows(par);
+        if !par {
+            let out = match codes {
+                CodesMut::Int8(c) => TaskOut::Int8(c),
+                CodesMut::Int4(c) => TaskOut::Int4(Int4Writer::new(c, 0)),
+            };
+            return task(0, x, out, scales, zero_points);
+        }
+        let tr = task_rows();
         let scales = scales
             .par_chunks_mut(tr)
             .zip(zero_points.par_chunks_mut(tr));
@@ -599,21 +604,26 @@ pub fn dequantize_with<O: Float>(
     };
     // Measured break-even: 2^20 elements took 227 µs on one thread, 258 on two;
     // 2^22 took 1.23 ms and 1.15 ms. Work is counted at a sixteenth per element.
+    // A task's span of the output, split at group boundaries.
+    let span = |start: usize, o: &mut [O]| {
+        let mut scratch = Scratch::new();
+        let mut done = 0;
+        while done < o.len() {
+            let e0 = start + done;
+            let group_end = (e0 / cs + 1) * cs;
+            let end = group_end.min(start + o.len());
+            run(e0, &mut o[done..end - start], &mut scratch);
+            done = end - start;
+        }
+    };
     parallel::run(n / 16, |par| {
-        let len = if par { flat_task_len(n) } else { n };
-        out.par_chunks_mut(len).enumerate().for_each(|(t, o)| {
-            let mut scratch = Scratch::new();
-            let start = t * len;
-            // Split the task's span at group boundaries.
-            let mut done = 0;
-            while done < o.len() {
-                let e0 = start + done;
-                let group_end = (e0 / cs + 1) * cs;
-                let end = group_end.min(start + o.len());
-                run(e0, &mut o[done..end - start], &mut scratch);
-                done = end - start;
-            }
-        })
+        if !par {
+            return span(0, out);
+        }
+        let len = flat_task_len(n);
+        out.par_chunks_mut(len)
+            .enumerate()
+            .for_each(|(t, o)| span(t * len, o))
     });
     Ok(())
 }
