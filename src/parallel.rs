@@ -92,6 +92,9 @@ pub fn env_num_threads() -> Option<usize> {
 /// Why the `FERROQUANT_NUM_THREADS` value in the environment is ignored, if it is.
 pub fn env_warning() -> Option<String> {
     let raw = std::env::var(ENV_NUM_THREADS).ok()?;
+    if raw.trim().is_empty() {
+        return None; // set but empty: the same as unset
+    }
     parse_num_threads(&raw).err()
 }
 

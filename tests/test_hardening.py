@@ -12,6 +12,8 @@ import json
 import os
 import stat
 import struct
+import subprocess
+import sys
 import warnings
 
 import ml_dtypes
@@ -695,3 +697,161 @@ def test_thread_counts_too_large_say_so(restore_threads):
     for n in (1025, 2**64):
         with pytest.raises(fq.InvalidConfigError, match="at most"):
             fq.set_num_threads(n)
+
+
+# --- found by the third adversarial review ---------------------------------------------
+
+
+def test_collisions_are_found_at_any_depth_without_comparing_every_pair(tmp_path):
+    src, q = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    tensors = {f"layer{i}.w": np.ones((2, 2), np.float32) for i in range(3000)}
+    tensors["a"] = np.ones((2, 2), np.float32)
+    tensors["a::b::c"] = np.ones(3, np.float32)
+    tensors["a::b"] = np.ones((2, 2), np.float32)
+    stn.save_file(tensors, str(src))
+    r = cli("quantize", str(src), "-o", str(q), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    prefix = "ferroquant: warning: "
+    warned = {
+        line[len(prefix) :].split(": copied")[0]
+        for line in r.stderr.splitlines()
+        if "copied" in line
+    }
+    assert warned == {"a", "a::b"}
+    out = fq.load(q)
+    assert isinstance(out["a"], np.ndarray) and isinstance(out["layer7.w"], fq.BlockwiseQuantized)
+
+
+def test_a_file_truncated_while_read_is_a_format_error_not_sigbus(tmp_path):
+    path = tmp_path / "big.safetensors"
+    stn.save_file({f"t{i}": np.ones(4096, np.float32) for i in range(8)}, str(path))
+    r = run_python(
+        f"""
+        import os, ferroquant as fq
+        from ferroquant.serialization import TensorReader
+        r = TensorReader({str(path)!r})
+        os.truncate({str(path)!r}, 4096)
+        try:
+            r.get(r.names[-1])
+        except fq.FormatError as e:
+            print("FormatError", "changed while it was read" in str(e))
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["FormatError", "True"]
+
+
+@pytest.mark.parametrize("scheme", ["int8-asym", "int4-per-channel-asym", "blockwise8"])
+def test_cli_round_trip_of_extreme_half_values_stays_finite(tmp_path, scheme):
+    src, q, back = (tmp_path / n for n in ("h.safetensors", "q.safetensors", "d.safetensors"))
+    w = np.array([[-65504, 65504], [1, 2]], np.float16)
+    b = (w.astype(np.float32) * np.float32(5e33)).astype(ml_dtypes.bfloat16)
+    stn.save_file({"w": w, "b": b}, str(src))
+    extra = ["-p", "scale_dtype=float32"] if scheme == "blockwise8" else []
+    r = cli("quantize", str(src), "-o", str(q), "--scheme", scheme, *extra)
+    assert r.returncode == 0, r.stderr
+    r = cli("dequantize", str(q), "-o", str(back))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    out = fq.load(back)
+    assert np.isfinite(out["w"].astype(np.float32)).all()
+    assert np.isfinite(out["b"].astype(np.float32)).all()
+    assert out["w"].dtype == np.float16 and out["b"].dtype == ml_dtypes.bfloat16
+
+
+def test_float64_blockwise_restores_without_warnings(tmp_path):
+    src, q, back = (tmp_path / n for n in ("f.safetensors", "q.safetensors", "d.safetensors"))
+    stn.save_file({"w": np.random.default_rng(0).random((4, 4))}, str(src))
+    assert cli("quantize", str(src), "-o", str(q)).returncode == 0
+    r = cli("dequantize", str(q), "-o", str(back), env_extra={"PYTHONWARNINGS": "error"})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert fq.load(back)["w"].dtype == np.float64
+
+
+def test_sigterm_leaves_no_temporary_files(tmp_path):
+    import signal
+    import time
+
+    src = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(0)
+    stn.save_file(
+        {f"w{i}": rng.standard_normal((512, 512), np.float32) for i in range(40)}, str(src)
+    )
+    out = tmp_path / "out" / "q.safetensors"
+    out.parent.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ferroquant", "quantize", str(src), "-o", str(out), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)  # not a timing assertion: the signal may land in any phase
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 143), err
+    if proc.returncode == 143:
+        assert err.strip().splitlines()[-1] == "ferroquant: terminated"
+    leftovers = [p.name for p in out.parent.iterdir() if p.name != "q.safetensors"]
+    assert leftovers == []
+
+
+def test_names_that_are_not_utf8(tmp_path):
+    src = tmp_path / "m.safetensors"
+    stn.save_file({"w": np.ones((2, 2), np.float32)}, str(src))
+    odd = os.fsencode(str(tmp_path)) + b"/in\xff.safetensors"
+    os.link(src, odd)
+    r = subprocess.run(
+        [sys.executable, "-m", "ferroquant", "quantize", odd, "-o", str(tmp_path / "q.st")],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert fq.load(tmp_path / "q.st")["w"].shape == (2, 2)
+    with pytest.raises(ValueError, match="tensor name"):
+        fq.save_bytes({"\udcff": np.ones(2, np.float32)})
+    with pytest.raises(ValueError, match="metadata"):
+        fq.save_bytes({"a": np.ones(2, np.float32)}, metadata={"k": "\udcff"})
+
+
+def test_small_api_and_cli_edges(tmp_path, model):
+    q = fq.quantize_blockwise(np.ones(4, np.float32))
+    assert (q == np.ones(4)) is False and (np.ones(4) == q) is False
+    fq.register_quantizer("named-test", lambda name="x": fq.Blockwise8(), replace=True)
+    assert fq.get_quantizer("named-test", name="y").name == "blockwise8"
+    r = cli(
+        "quantize", str(model), "-o", str(tmp_path / "o.st"), "--scheme", "int8", "-p", "bits=4"
+    )
+    assert r.returncode == 1 and "does not take bits (it takes no parameters)" in r.stderr
+    r = cli("quantize", str(model), "-o", str(tmp_path / "o.st"), "-p", "block_size=64.0")
+    assert r.returncode == 1 and "invalid parameter" in r.stderr and "block_size" in r.stderr
+    blob = fq.save_bytes({"weights": q})
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8 : 8 + n])
+    e = json.loads(header["__metadata__"]["ferroquant:weights"])
+    e["block_size"] = 2.5
+    header["__metadata__"]["ferroquant:weights"] = json.dumps(e)
+    with pytest.raises(fq.FormatError, match="entry 'weights'"):
+        fq.load_bytes(craft(header, blob[8 + n :]))
+    r = subprocess.run(
+        f"{sys.executable} -m ferroquant inspect {model} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0 and "Broken pipe" not in r.stderr, r.stderr
+    r = subprocess.run(
+        f"{sys.executable} -m ferroquant inspect <(cat {model})",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 1 and "not a regular file" in r.stderr
+    r = run_python(
+        "import ferroquant", env_extra={"FERROQUANT_SIMD": "", "FERROQUANT_NUM_THREADS": " "}
+    )
+    assert r.returncode == 0 and r.stderr == "", r.stderr

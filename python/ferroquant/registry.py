@@ -48,19 +48,23 @@ def register_quantizer(
     _REGISTRY[name] = factory
 
 
-def get_quantizer(name: str, **params: Any) -> Quantizer:
+def registry_factory(name: str) -> Callable[..., Quantizer]:
+    """The factory registered as ``name`` (KeyError listing the known names)."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise KeyError(
+            f"unknown quantizer {name!r}; known: {', '.join(list_quantizers())}"
+        ) from None
+
+
+def get_quantizer(name: str, /, **params: Any) -> Quantizer:
     """Build the quantizer registered as ``name``: ``factory(**params)``.
 
     Raises:
         KeyError: no quantizer has that name (the message lists the known ones).
     """
-    try:
-        factory = _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise KeyError(
-            f"unknown quantizer {name!r}; known: {', '.join(list_quantizers())}"
-        ) from None
-    return factory(**params)
+    return registry_factory(name)(**params)
 
 
 def list_quantizers() -> List[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import IO, Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 from safetensors import TensorSpec
@@ -154,12 +154,3 @@ class StreamingWriter:
             self.close()
         else:
             self._spill.close()
-
-
-def entries(path: PathLike) -> Iterator[Tuple[str, Entry]]:
-    """Yield (name, value) from a file one at a time, rebuilding quantized values."""
-    reader = TensorReader(path)
-    try:
-        yield from reader.entries()
-    finally:
-        reader.close()

@@ -9,7 +9,7 @@ pub const ENV_SIMD: &str = "FERROQUANT_SIMD";
 /// Why the `FERROQUANT_SIMD` value in the environment is ignored, if it is.
 pub fn env_warning() -> Option<String> {
     let raw = std::env::var(ENV_SIMD).ok()?;
-    if Isa::from_name(raw.trim()).is_some() {
+    if raw.trim().is_empty() || Isa::from_name(raw.trim()).is_some() {
         return None;
     }
     let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
