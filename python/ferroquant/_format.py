@@ -325,18 +325,6 @@ class Tensor:
         self.nbytes = nbytes
 
 
-def representable(shape: Any, itemsize: int) -> bool:
-    """Whether NumPy can make an array of this shape: at most MAX_NDIM dimensions
-    and, zero-sized dimensions aside, at most 2**63 - 1 bytes (NumPy checks the
-    product of the other dimensions even when the array is empty)."""
-    nbytes = itemsize
-    for d in shape:
-        if d < 0 or d > 2**63 - 1:
-            return False
-        nbytes *= max(d, 1)
-    return len(shape) <= MAX_NDIM and nbytes <= 2**63 - 1
-
-
 def parse_header(
     read: Callable[[int, int], bytes], size: int, origin: str
 ) -> Tuple[Dict[str, str], Dict[str, Tensor]]:
@@ -358,18 +346,12 @@ def parse_header(
     if len(header) != n:
         raise FormatError(f"{bad}: truncated header")
     try:
-        meta_pairs, entries = _native.parse_safetensors_header(header, size)
+        meta_pairs, entries = _native.parse_safetensors_header(header, size, MAX_NDIM)
     except FormatError as e:
         raise FormatError(f"{bad}: {e}") from None
     tensors: Dict[str, Tensor] = {}
     base = 8 + n
-    for name, tag, shape, start, end in entries:
-        itemsize = _TAGS[tag].itemsize if tag in _TAGS else 1
-        if len(shape) > MAX_NDIM or not representable(shape, itemsize):
-            raise FormatError(
-                f"{origin}: tensor {name!r} has shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
-                f"({len(shape)} dimensions), which NumPy cannot represent"
-            )
+    for name, tag, shape, start, end in entries:  # shapes checked by the parser
         tensors[name] = Tensor(tag, shape, base + start, end - start)
     return dict(meta_pairs), tensors
 

@@ -16,9 +16,10 @@ pub(crate) fn parse_safetensors_header(
     py: Python<'_>,
     header: &[u8],
     file_len: usize,
+    max_ndim: usize,
 ) -> PyResult<Parsed> {
     let h = py
-        .detach(|| parse_header(header, file_len))
+        .detach(|| parse_header(header, file_len, max_ndim))
         .map_err(|e| to_pyerr(py, e))?;
     let tensors = h
         .tensors

@@ -43,14 +43,26 @@ fn format(msg: impl std::fmt::Display) -> QuantError {
     }
 }
 
+/// Whether NumPy can make an array of `shape` with `itemsize`-byte elements: at
+/// most `max_ndim` dimensions and, zero-sized dimensions aside, at most 2^63 - 1
+/// bytes (NumPy checks the other dimensions' product even for an empty array).
+pub fn representable(shape: &[usize], itemsize: usize, max_ndim: usize) -> bool {
+    shape.len() <= max_ndim
+        && shape
+            .iter()
+            .try_fold(itemsize.max(1), |acc, &d| acc.checked_mul(d.max(1)))
+            .is_some_and(|bytes| bytes <= i64::MAX as usize)
+}
+
 /// Parse the JSON `header` of a safetensors file of `file_len` bytes whose
-/// header is `header.len()` bytes long.
+/// header is `header.len()` bytes long; shapes must be ones NumPy can represent
+/// with `max_ndim` dimensions at most.
 ///
 /// The `safetensors` crate validates the JSON, the dtypes, that offsets are
 /// contiguous and match each shape and dtype (with overflow checks); this also
 /// checks that the data ends exactly at the end of the file, as the crate's
 /// own reader does.
-pub fn parse_header(header: &[u8], file_len: usize) -> Result<Header> {
+pub fn parse_header(header: &[u8], file_len: usize, max_ndim: usize) -> Result<Header> {
     let meta: Metadata =
         serde_json::from_slice(header).map_err(|e| format(format!("bad header: {e}")))?;
     let expected = PREFIX_LEN
@@ -62,18 +74,21 @@ pub fn parse_header(header: &[u8], file_len: usize) -> Result<Header> {
             "the header describes {expected} bytes but the data holds {file_len}"
         )));
     }
-    let infos = meta.tensors();
-    let mut tensors = Vec::with_capacity(infos.len());
-    for name in meta.offset_keys() {
-        let info = infos
-            .get(&name)
+    let names = meta.offset_keys();
+    let mut tensors = Vec::with_capacity(names.len());
+    for name in names {
+        let info = meta
+            .info(&name)
             .ok_or_else(|| format(format!("tensor {name:?} has no entry")))?;
-        let dtype = match serde_json::to_value(info.dtype) {
-            Ok(serde_json::Value::String(s)) => s,
-            _ => return Err(format(format!("tensor {name:?} has an unnamed dtype"))),
-        };
+        if !representable(&info.shape, info.dtype.bitsize().div_ceil(8), max_ndim) {
+            return Err(format(format!(
+                "tensor {name:?} has a shape NumPy cannot represent ({} dimensions, at most {max_ndim}; \
+                 at most 2**63 - 1 bytes across its non-zero dimensions)",
+                info.shape.len()
+            )));
+        }
         tensors.push(TensorEntry {
-            dtype,
+            dtype: info.dtype.to_string(),
             shape: info.shape.clone(),
             start: info.data_offsets.0,
             end: info.data_offsets.1,
@@ -94,7 +109,7 @@ mod tests {
     use super::*;
 
     fn parse(json: &str, data: usize) -> Result<Header> {
-        parse_header(json.as_bytes(), PREFIX_LEN + json.len() + data)
+        parse_header(json.as_bytes(), PREFIX_LEN + json.len() + data, 64)
     }
 
     #[test]
@@ -136,6 +151,10 @@ mod tests {
                 12,
             ),
             (r#"not json"#, 0),
+            (
+                r#"{"a":{"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]}}"#,
+                0,
+            ),
         ];
         for (json, data) in cases {
             assert!(
