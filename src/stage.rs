@@ -7,7 +7,7 @@
 //! primitive that reads it.
 
 use crate::element::Float;
-use crate::simd::{self, Affine, Isa};
+use crate::simd::{self, Affine, Isa, Range};
 
 /// Elements per stage.
 pub const STAGE: usize = 4 * 1024;
@@ -63,14 +63,17 @@ pub fn range<T: Float>(
         }
         return Ok(Some((r.min, r.max)));
     }
-    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    let mut all = Range {
+        min: f32::INFINITY,
+        max: f32::NEG_INFINITY,
+        non_finite: false,
+    };
     let mut visit = |off: usize, xf: &[f32]| -> Result<(), usize> {
         let r = simd::range_f32(isa, xf);
         if r.non_finite {
             return Err(off + simd::scalar::first_non_finite(xf));
         }
-        lo = if r.min < lo { r.min } else { lo };
-        hi = if r.max > hi { r.max } else { hi };
+        all = all.merge(r);
         Ok(())
     };
     if let Some(xf) = T::as_f32_slice(x) {
@@ -82,7 +85,7 @@ pub fn range<T: Float>(
             visit(k * STAGE, st)?;
         }
     }
-    Ok(Some((lo as f64, hi as f64)))
+    Ok(Some((all.min as f64, all.max as f64)))
 }
 
 /// Affine codes of a run into `out` (same length), computed in f64.

@@ -272,13 +272,13 @@ impl Kernels for Avx2 {
             let (min, max) = reduce_pd(lo, hi);
             (min as f32, max as f32, _mm256_movemask_ps(bad) != 0)
         };
+        let body = Range {
+            min,
+            max,
+            non_finite: bad,
+        };
         // SAFETY: the scalar kernels need no CPU features.
-        let tail = unsafe { Scalar::range_f32(xc.remainder()) };
-        Range {
-            min: if tail.min < min { tail.min } else { min },
-            max: if tail.max > max { tail.max } else { max },
-            non_finite: bad || tail.non_finite,
-        }
+        body.merge(unsafe { Scalar::range_f32(xc.remainder()) })
     }
 
     #[inline(always)]
@@ -303,13 +303,13 @@ impl Kernels for Avx2 {
             let (min, max) = reduce_pd(lo, hi);
             (min, max, _mm256_movemask_pd(bad) != 0)
         };
+        let body = Range {
+            min,
+            max,
+            non_finite: bad,
+        };
         // SAFETY: the scalar kernels need no CPU features.
-        let tail = unsafe { Scalar::range_f64(xc.remainder()) };
-        Range {
-            min: if tail.min < min { tail.min } else { min },
-            max: if tail.max > max { tail.max } else { max },
-            non_finite: bad || tail.non_finite,
-        }
+        body.merge(unsafe { Scalar::range_f64(xc.remainder()) })
     }
 
     #[inline(always)]

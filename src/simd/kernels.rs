@@ -96,6 +96,26 @@ pub struct Range<T> {
     pub non_finite: bool,
 }
 
+impl<T: PartialOrd + Copy> Range<T> {
+    /// The range of two runs together (exact: a min and a max merge in any order).
+    #[inline(always)]
+    pub fn merge(self, other: Range<T>) -> Range<T> {
+        Range {
+            min: if other.min < self.min {
+                other.min
+            } else {
+                self.min
+            },
+            max: if other.max > self.max {
+                other.max
+            } else {
+                self.max
+            },
+            non_finite: self.non_finite || other.non_finite,
+        }
+    }
+}
+
 /// The per-ISA primitives the generic loops are built from.
 ///
 /// # Safety
