@@ -9,7 +9,9 @@
 use crate::element::Float;
 use crate::simd::{self, Affine, Isa, Range};
 
-/// Elements per stage.
+/// Elements per stage: 16 KiB of f32, so a staged run stays in L1 between the
+/// conversion and the passes that read it (64 KiB stages made blockwise f16
+/// input 1.4x slower at 16M elements).
 pub const STAGE: usize = 4 * 1024;
 
 /// Scratch space for one task: an f32 stage and an i8 stage.

@@ -702,7 +702,7 @@ def test_thread_counts_too_large_say_so(restore_threads):
 # --- found by the third adversarial review ---------------------------------------------
 
 
-def test_collisions_are_found_at_any_depth_without_comparing_every_pair(tmp_path):
+def test_collisions_are_found_at_any_depth(tmp_path):
     src, q = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
     tensors = {f"layer{i}.w": np.ones((2, 2), np.float32) for i in range(3000)}
     tensors["a"] = np.ones((2, 2), np.float32)

@@ -356,20 +356,26 @@ def parse_header(
     return dict(meta_pairs), tensors
 
 
-def array_at(buf: Any, t: Tensor, name: str, origin: str, copy: bool) -> np.ndarray:
-    """The read-only array ``t`` describes inside ``buf`` (a copy if ``copy`` or unaligned)."""
+def _numpy_dtype(t: Tensor, name: str, origin: str) -> np.dtype:
+    """The NumPy dtype of tensor ``t``, or FormatError for one NumPy cannot hold."""
     dt = _TAGS.get(t.dtype_tag)
     if dt is None:
         raise FormatError(
             f"{origin}: tensor {name!r} has dtype {t.dtype_tag}, which NumPy cannot hold "
             "(elements narrower than a byte)"
         )
+    return dt
+
+
+def array_at(buf: Any, t: Tensor, name: str, origin: str) -> np.ndarray:
+    """The read-only array ``t`` describes inside ``buf`` (a copy only if unaligned)."""
+    dt = _numpy_dtype(t, name, origin)
     count = t.nbytes // dt.itemsize
     if count == 0:
         arr = np.empty(t.shape, dt)
     else:
         arr = np.frombuffer(buf, dtype=dt, count=count, offset=t.offset).reshape(t.shape)
-        if copy or not arr.flags.aligned:
+        if not arr.flags.aligned:
             arr = arr.copy()
     arr.flags.writeable = False
     return arr
@@ -470,9 +476,7 @@ def parse_bytes(data: Any) -> Dict[str, Any]:
         data = bytes(data)  # a private, immutable copy the arrays may view
     buf = data
     meta, tensors = parse_header(lambda off, n: buf[off : off + n], len(buf), "bytes")
-    return dict(
-        decode(tensors, meta, lambda name: array_at(buf, tensors[name], name, "bytes", False))
-    )
+    return dict(decode(tensors, meta, lambda name: array_at(buf, tensors[name], name, "bytes")))
 
 
 R = TypeVar("R", bound="FileReader")
@@ -513,10 +517,7 @@ class FileReader:
     def get(self, name: str) -> np.ndarray:
         """A read-only array holding tensor ``name``."""
         t = self.tensors[name]
-        dt = _TAGS.get(t.dtype_tag)
-        if dt is None:
-            return array_at(b"", t, name, self.path, True)  # raises the FormatError
-        arr = np.empty(t.shape, dt)
+        arr = np.empty(t.shape, _numpy_dtype(t, name, self.path))
         if t.nbytes:
             self._f.seek(t.offset)
             raw: Any = arr.reshape(-1).view(np.uint8)

@@ -15,14 +15,10 @@ use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::parallel;
 use crate::simd::{self, AbsmaxRule, Isa, F32_INF_BITS};
+use crate::stage::STAGE;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
-
-/// Elements converted to f32 at a time when the input is not f32: 16 KiB, so
-/// the staged run stays in L1 between the conversion and the kernel's two
-/// passes (64 KiB stages made f16 input 1.4x slower at 16M elements).
-const STAGE: usize = 4 * 1024;
 
 /// Seed 000's scale rule: `max_abs / 127`, 1.0 for an all-zero block, codes in ±127.
 pub const RULE: AbsmaxRule = AbsmaxRule {
