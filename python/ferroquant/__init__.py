@@ -15,7 +15,9 @@ from . import quantizers as _quantizers  # noqa: F401  (registers the built-in q
 from ._ferroquant import __version__
 from ._runtime import (
     get_num_threads,
+    get_output_cache,
     set_num_threads,
+    set_output_cache,
     simd_isa,
     supported_isas,
     warn_about_environment,
@@ -64,6 +66,7 @@ __all__ = [
     "dequantize",
     "dequantize_blockwise",
     "get_num_threads",
+    "get_output_cache",
     "get_quantizer",
     "list_quantizers",
     "load",
@@ -76,6 +79,7 @@ __all__ = [
     "save",
     "save_bytes",
     "set_num_threads",
+    "set_output_cache",
     "simd_isa",
     "supported_isas",
 ]

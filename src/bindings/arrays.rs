@@ -8,7 +8,6 @@ use numpy::{
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 
 /// A floating-point input array of one of the four supported dtypes.
 pub(crate) enum FloatArray<'py> {
@@ -125,25 +124,15 @@ pub(crate) fn exact<'py, T: Element>(
     readonly(arg, x)
 }
 
-/// A new zero-filled 1-D output array of `n` elements, allocated by NumPy.
+/// A new 1-D output array of `n` elements for a kernel to overwrite whole.
 ///
-/// Outputs are allocated through NumPy's allocator rather than as a Rust
-/// `Vec` handed over with `into_pyarray`: NumPy asks the kernel for
-/// transparent huge pages on large buffers (`madvise(MADV_HUGEPAGE)`), and
-/// without them the first touch of a fresh 64 MiB output costs 16 Ki page
-/// faults — measured at ~22 ms here, eight times the kernel itself. Either
-/// way the buffer is allocated once and never copied.
-///
-/// Allocated by calling `numpy.zeros` (cached) rather than rust-numpy's
-/// `PyArray::zeros`, which panics when NumPy cannot allocate: here a failed
-/// allocation is the `MemoryError` NumPy raised.
+/// Allocated by NumPy (which asks for transparent huge pages on large
+/// buffers) through [`recycle`](super::recycle): large outputs reuse the
+/// memory of earlier outputs nothing references any more, small ones are
+/// fresh zero-filled arrays. A failed allocation is the `MemoryError` NumPy
+/// raised (rust-numpy's `PyArray::zeros` would panic instead).
 pub(crate) fn output<T: Element>(py: Python<'_>, n: usize) -> PyResult<Bound<'_, PyArray1<T>>> {
-    static ZEROS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let zeros = ZEROS.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        Ok(py.import("numpy")?.getattr("zeros")?.unbind())
-    })?;
-    let arr = zeros.bind(py).call1((n, dtype::<T>(py)))?;
-    Ok(arr.cast_into::<PyArray1<T>>()?)
+    Ok(super::recycle::output(py, n, &dtype::<T>(py))?.cast_into::<PyArray1<T>>()?)
 }
 
 /// Initialise, at import, every lazily initialised cache a kernel call would
@@ -186,10 +175,11 @@ pub(crate) fn output_named<'py, T: Element>(
     n: usize,
     name: &str,
 ) -> PyResult<Bound<'py, PyArray1<T>>> {
-    let np = py.import("numpy")?;
-    let descr = np.call_method1("dtype", (name,))?;
-    let arr = np.getattr("zeros")?.call1((n, descr))?;
-    Ok(arr.cast_into::<PyArray1<T>>()?)
+    let descr = py
+        .import("numpy")?
+        .call_method1("dtype", (name,))?
+        .cast_into::<PyArrayDescr>()?;
+    Ok(super::recycle::output(py, n, &descr)?.cast_into::<PyArray1<T>>()?)
 }
 
 /// Exclusive access to an output array this binding just created.

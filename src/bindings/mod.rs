@@ -11,6 +11,7 @@ mod arrays;
 mod blockwise;
 mod errors;
 mod formats;
+mod recycle;
 mod runtime;
 
 use pyo3::prelude::*;
@@ -20,6 +21,7 @@ use pyo3::prelude::*;
 fn _ferroquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Fill every lazy cache now, while importing (see arrays::warm_up).
+    recycle::warm_up(m.py())?;
     arrays::warm_up(m.py())?;
     errors::classes(m.py())?;
     runtime::register(m)?;

@@ -29,6 +29,24 @@ pub(crate) fn supported_isas() -> Vec<&'static str> {
     Isa::supported().into_iter().map(Isa::name).collect()
 }
 
+/// Set the output cache's capacity in bytes (0 turns it off).
+#[pyfunction]
+pub(crate) fn set_output_cache(py: Python<'_>, max_bytes: usize) -> PyResult<()> {
+    super::recycle::set_capacity(py, max_bytes)
+}
+
+/// The output cache's capacity in bytes.
+#[pyfunction]
+pub(crate) fn get_output_cache() -> usize {
+    super::recycle::capacity()
+}
+
+/// `(buffers, bytes, free bytes)` the output cache holds now.
+#[pyfunction]
+pub(crate) fn output_cache_usage(py: Python<'_>) -> PyResult<(usize, usize, usize)> {
+    super::recycle::usage(py)
+}
+
 /// Why an environment variable of ferroquant's is ignored (one message each).
 #[pyfunction]
 pub(crate) fn env_warnings() -> Vec<String> {
@@ -46,5 +64,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simd_isa, m)?)?;
     m.add_function(wrap_pyfunction!(supported_isas, m)?)?;
     m.add_function(wrap_pyfunction!(env_warnings, m)?)?;
+    m.add_function(wrap_pyfunction!(set_output_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(get_output_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(output_cache_usage, m)?)?;
     Ok(())
 }

@@ -1,0 +1,222 @@
+"""Recycled output buffers (``fq.set_output_cache``): a buffer is reused only when
+nothing references it, is overwritten whole, and never changes a live result."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+from helpers import run_python
+
+import ferroquant as fq
+from ferroquant import _ferroquant as native
+
+N = 1 << 20  # 1 Mi elements: 1 MiB of int8 codes and 4 MiB of float32, both cached
+
+
+def own_memory(a: np.ndarray) -> bool:
+    """Whether ``a`` is (a reshape of) an array that NumPy allocated for it,
+    rather than a view of one of the cache's byte buffers."""
+    while a.base is not None:
+        a = a.base
+    return a.dtype != np.uint8
+
+
+def address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    old = fq.get_output_cache()
+    fq.set_output_cache(0)  # let go of buffers earlier tests left
+    fq.set_output_cache(256 << 20)
+    yield
+    fq.set_output_cache(old)
+
+
+@pytest.fixture
+def pair(rng):
+    x1 = rng.standard_normal(N).astype(np.float32)
+    x2 = (rng.standard_normal(N) * 5).astype(np.float32)
+    return fq.quantize(x1), fq.quantize(x2)
+
+
+def test_a_dropped_result_is_reused_and_overwritten_whole(pair):
+    q1, q2 = pair
+    expect = fq.dequantize(q2).copy()
+    a = fq.dequantize(q1)
+    a[...] = np.nan  # poison the buffer
+    where = address(a)
+    assert not own_memory(a)
+    del a
+    b = fq.dequantize(q2)
+    assert address(b) == where  # the same memory, handed out again
+    np.testing.assert_array_equal(b, expect)
+
+
+def test_dropped_codes_are_reused_and_overwritten_whole(rng):
+    x1, x2 = rng.standard_normal((2, N)).astype(np.float32)
+    for config in (fq.QuantConfig.int8(), fq.QuantConfig.int8_per_channel().asymmetric()):
+        shape = (1024, N // 1024)
+        expect = fq.quantize(x2.reshape(shape), config).data.copy()
+        q1 = fq.quantize(x1.reshape(shape), config)
+        q1.data.base[...] = 0x55  # the buffer behind the read-only codes
+        where = address(q1.data)
+        del q1
+        q2 = fq.quantize(x2.reshape(shape), config)
+        assert address(q2.data) == where
+        np.testing.assert_array_equal(q2.data, expect)
+    y = rng.standard_normal(N).astype(np.float32)
+    b1 = fq.quantize_blockwise(y)
+    codes = b1.data.copy()
+    b1.data.base[...] = 0x55
+    del b1
+    np.testing.assert_array_equal(fq.quantize_blockwise(y).data, codes)
+
+
+def test_live_results_views_and_memoryviews_are_never_reused(pair):
+    q1, q2 = pair
+    e1, e2 = fq.dequantize(q1).copy(), fq.dequantize(q2).copy()
+    a = fq.dequantize(q1)
+    b = fq.dequantize(q2)
+    assert not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a, e1)
+    view = a[::3]
+    del a
+    c = fq.dequantize(q2)
+    assert not np.shares_memory(view, c)
+    np.testing.assert_array_equal(view, e1[::3])
+    m = memoryview(b)
+    del b
+    d = fq.dequantize(q1)
+    np.testing.assert_array_equal(np.asarray(m), e2)
+    np.testing.assert_array_equal(d, e1)
+
+
+def test_codes_held_by_a_dataclass_are_never_reused(rng):
+    xs = rng.standard_normal((4, N)).astype(np.float32)
+    held = [fq.quantize(x) for x in xs]
+    copies = [q.data.copy() for q in held]
+    for x in xs[::-1]:
+        fq.quantize(x)
+    for q, c in zip(held, copies):
+        np.testing.assert_array_equal(q.data, c)
+    addresses = {address(q.data) for q in held}
+    assert len(addresses) == len(held)
+
+
+def int4(n_bytes_out: int) -> fq.QuantizedTensor:
+    """A tensor whose float32 dequantization is ``n_bytes_out`` bytes and whose
+    packed codes (an eighth of that) are too small to be cached."""
+    return fq.quantize(np.ones(n_bytes_out // 4, np.float32), fq.QuantConfig.int4())
+
+
+def test_capacity_bounds_what_is_kept():
+    q = int4(4 * N)
+    assert native.output_cache_usage() == (0, 0, 0)
+    fq.dequantize(q)
+    assert native.output_cache_usage() == (1, 4 * N, 4 * N)
+    fq.set_output_cache(3 * N)  # below the free 4 MiB buffer: let go of it
+    assert native.output_cache_usage() == (0, 0, 0)
+    y = fq.dequantize(q)
+    assert native.output_cache_usage() == (0, 0, 0)  # too large to keep
+    assert own_memory(y)
+    fq.set_output_cache(0)
+    assert fq.get_output_cache() == 0
+    small = fq.dequantize(fq.quantize(np.ones(1000, np.float32)))
+    assert own_memory(small)  # small outputs are never cached
+
+
+def test_in_use_buffers_leave_the_cache_when_it_shrinks(pair):
+    q1, q2 = pair
+    e1 = fq.dequantize(q1).copy()
+    a = fq.dequantize(q1)
+    fq.set_output_cache(0)
+    assert native.output_cache_usage() == (0, 0, 0)
+    fq.set_output_cache(256 << 20)
+    b = fq.dequantize(q2)
+    assert not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a, e1)
+
+
+def test_a_miss_evicts_the_least_recently_used_free_buffers():
+    fq.set_output_cache(10 * N)
+    qs = {k: int4(k * N) for k in (2, 3, 4, 5)}
+    for k in (2, 3, 4):  # three free buffers: 9 MiB of 10
+        fq.dequantize(qs[k])
+    assert native.output_cache_usage() == (3, 9 * N, 9 * N)
+    fq.dequantize(qs[2])  # a hit: 2 MiB is now the most recently used
+    assert native.output_cache_usage() == (3, 9 * N, 9 * N)
+    kept = fq.dequantize(qs[5])  # needs 5: evicts 3 (oldest), then 4
+    assert native.output_cache_usage() == (2, 7 * N, 2 * N)
+    del kept
+    assert native.output_cache_usage() == (2, 7 * N, 7 * N)
+
+
+def test_output_cache_arguments_are_checked():
+    with pytest.raises(TypeError, match="max_bytes"):
+        fq.set_output_cache(1.5)
+    with pytest.raises(TypeError, match="max_bytes"):
+        fq.set_output_cache(True)
+    with pytest.raises(fq.InvalidConfigError, match="max_bytes"):
+        fq.set_output_cache(-1)
+    with pytest.raises(fq.InvalidConfigError, match="max_bytes"):
+        fq.set_output_cache(2**64)
+
+
+def test_threads_never_share_a_live_buffer(rng):
+    qs = [fq.quantize(rng.standard_normal(N).astype(np.float32) * (k + 1)) for k in range(4)]
+    expect = [fq.dequantize(q).copy() for q in qs]
+    failures = []
+
+    def work(k: int) -> None:
+        for _ in range(25):
+            y = fq.dequantize(qs[k])
+            if not np.array_equal(y, expect[k]):
+                failures.append(k)
+            y[...] = -1.0  # scribble: must never reach another thread's result
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_a_forked_child_keeps_the_parents_results():
+    code = """
+import os
+import numpy as np
+import ferroquant as fq
+x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+q1, q2 = fq.quantize(x), fq.quantize(x * 3)
+e1, e2 = fq.dequantize(q1).copy(), fq.dequantize(q2).copy()
+a = fq.dequantize(q1)
+fq.dequantize(q2)  # a free buffer of the same size, inherited by the child
+pid = os.fork()
+if pid == 0:
+    ok = all(np.array_equal(fq.dequantize(q2), e2) for _ in range(3))
+    ok = ok and np.array_equal(a, e1)
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert np.array_equal(a, e1)
+print("ok")
+"""
+    r = run_python(code, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_results_are_correct_with_the_cache_off(pair):
+    q1, q2 = pair
+    expect = fq.dequantize(q2).copy()
+    fq.set_output_cache(0)
+    a = fq.dequantize(q1)
+    a[...] = np.nan
+    del a
+    gc.collect()
+    np.testing.assert_array_equal(fq.dequantize(q2), expect)
