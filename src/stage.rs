@@ -7,7 +7,7 @@
 //! primitive that reads it.
 
 use crate::element::Float;
-use crate::simd::{self, Affine, Isa, Range};
+use crate::simd::{self, Affine, Isa, Range, Store};
 
 /// Elements per stage: 16 KiB of f32, so a staged run stays in L1 between the
 /// conversion and the passes that read it (64 KiB stages made blockwise f16
@@ -90,23 +90,31 @@ pub fn range<T: Float>(
     Ok(Some((all.min as f64, all.max as f64)))
 }
 
-/// Affine codes of a run into `out` (same length), computed in f64.
-pub fn affine_codes<T: Float>(isa: Isa, x: &[T], a: Affine, out: &mut [i8], scratch: &mut Scratch) {
+/// Affine codes of a run into `out` (same length), computed in f64; `store`
+/// is a hint for f32 and staged input (see [`Store`]).
+pub fn affine_codes<T: Float>(
+    isa: Isa,
+    x: &[T],
+    a: Affine,
+    out: &mut [i8],
+    scratch: &mut Scratch,
+    store: Store,
+) {
     if let Some(xf) = T::as_f64_slice(x) {
         return simd::affine_quantize_f64(isa, xf, a, out);
     }
     if let Some(xf) = T::as_f32_slice(x) {
-        return simd::affine_quantize_f32(isa, xf, a, out);
+        return simd::affine_quantize_f32(isa, xf, a, out, store);
     }
     for (xs, os) in x.chunks(STAGE).zip(out.chunks_mut(STAGE)) {
         let st = scratch.f32s(xs.len());
         T::convert_to_f32(isa, xs, st);
-        simd::affine_quantize_f32(isa, st, a, os);
+        simd::affine_quantize_f32(isa, st, a, os, store);
     }
 }
 
 /// `(q - zp) * scale` of a run of codes into `out` (same length), rounded once
-/// to `O`.
+/// to `O`; `store` is a hint for f32 output (see [`Store`]).
 pub fn affine_values<O: Float>(
     isa: Isa,
     q: &[i8],
@@ -114,9 +122,10 @@ pub fn affine_values<O: Float>(
     scale: f64,
     out: &mut [O],
     scratch: &mut Scratch,
+    store: Store,
 ) {
     if let Some(of) = O::as_f32_mut(out) {
-        return simd::affine_dequantize_f32(isa, q, zp, scale, of);
+        return simd::affine_dequantize_f32(isa, q, zp, scale, of, store);
     }
     if let Some(of) = O::as_f64_mut(out) {
         return simd::affine_dequantize_f64(isa, q, zp, scale, of);

@@ -16,7 +16,7 @@ use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::ops::pack::{packed_len, unpack_range, Int4Writer};
 use crate::parallel;
-use crate::simd::{Affine, Isa};
+use crate::simd::{Affine, Isa, Store};
 use crate::stage::{self, Scratch, STAGE};
 use rayon::prelude::*;
 
@@ -401,15 +401,12 @@ fn per_tensor<T: Float>(
     let (scale, zp) = scale_zero_point(found?, config);
     (*scale_out, *zp_out) = (scale, zp);
     let a = affine(config, scale, zp);
+    let store = Store::for_output(n);
     // Pass 2: the codes. (Rayon's iterators only inside the pool: outside it they
     // would start rayon's global pool, which ferroquant never uses.)
     parallel::run(work, |par| {
         if !par {
-            let mut scratch = Scratch::new();
-            return match &mut codes {
-                CodesMut::Int8(c) => stage::affine_codes(isa, x, a, c, &mut scratch),
-                CodesMut::Int4(c) => int4_run(isa, x, a, &mut Int4Writer::new(c, 0), &mut scratch),
-            };
+            return codes_run(isa, x, a, &mut codes, store);
         }
         // Even, so int4 bytes never straddle two tasks.
         let len = flat_task_len(n);
@@ -417,17 +414,23 @@ fn per_tensor<T: Float>(
             CodesMut::Int8(c) => x
                 .par_chunks(len)
                 .zip(c.par_chunks_mut(len))
-                .for_each(|(xs, cs)| stage::affine_codes(isa, xs, a, cs, &mut Scratch::new())),
-            CodesMut::Int4(c) => {
-                x.par_chunks(len)
-                    .zip(c.par_chunks_mut(len / 2))
-                    .for_each(|(xs, bs)| {
-                        int4_run(isa, xs, a, &mut Int4Writer::new(bs, 0), &mut Scratch::new())
-                    })
-            }
+                .for_each(|(xs, cs)| codes_run(isa, xs, a, &mut CodesMut::Int8(cs), store)),
+            CodesMut::Int4(c) => x
+                .par_chunks(len)
+                .zip(c.par_chunks_mut(len / 2))
+                .for_each(|(xs, bs)| codes_run(isa, xs, a, &mut CodesMut::Int4(bs), store)),
         }
     });
     Ok(())
+}
+
+/// The codes pass of a run (each task's share of pass 2).
+fn codes_run<T: Float>(isa: Isa, x: &[T], a: Affine, codes: &mut CodesMut<'_>, store: Store) {
+    let mut scratch = Scratch::new();
+    match codes {
+        CodesMut::Int8(c) => stage::affine_codes(isa, x, a, c, &mut scratch, store),
+        CodesMut::Int4(c) => int4_run(isa, x, a, &mut Int4Writer::new(c, 0), &mut scratch),
+    }
 }
 
 /// Quantize a run and append its codes to an int4 writer, a stage at a time.
@@ -436,7 +439,8 @@ fn int4_run<T: Float>(isa: Isa, x: &[T], a: Affine, w: &mut Int4Writer<'_>, scra
     codes.resize(STAGE.min(x.len()), 0);
     for xs in x.chunks(STAGE) {
         let cs = &mut codes[..xs.len()];
-        stage::affine_codes(isa, xs, a, cs, scratch);
+        // Codes go to an L1 stage, packed from there.
+        stage::affine_codes(isa, xs, a, cs, scratch, Store::Cached);
         w.write(isa, cs);
     }
     scratch.codes = codes;
@@ -469,6 +473,7 @@ fn per_channel<T: Float>(
         1
     };
     let task_rows = || parallel::units_per_task(rows.div_ceil(unit), cs * unit) * unit;
+    let store = Store::for_output(n);
     let task = |t0: usize, xs: &[T], out: TaskOut<'_>, sc: &mut [f64], zs: &mut [f64]| {
         let mut scratch = Scratch::new();
         let mut out = out;
@@ -479,7 +484,8 @@ fn per_channel<T: Float>(
             let a = affine(config, scale, zp);
             match &mut out {
                 TaskOut::Int8(c) => {
-                    stage::affine_codes(isa, xr, a, &mut c[r * cs..(r + 1) * cs], &mut scratch)
+                    let cr = &mut c[r * cs..(r + 1) * cs];
+                    stage::affine_codes(isa, xr, a, cr, &mut scratch, store)
                 }
                 TaskOut::Int4(w) => int4_run(isa, xr, a, w, &mut scratch),
             }
@@ -581,6 +587,7 @@ pub fn dequantize_with<O: Float>(
     if n == 0 {
         return Ok(());
     }
+    let store = Store::for_output(n.saturating_mul(std::mem::size_of::<O>()));
     // Rows of one group are cut into runs of at most `len` elements (even, so
     // int4 runs start on a byte unless a row itself starts mid-byte).
     let run = |e0: usize, o: &mut [O], scratch: &mut Scratch| {
@@ -588,7 +595,7 @@ pub fn dequantize_with<O: Float>(
         let (zp, scale) = (zero_points[g], scales[g]);
         match codes {
             Codes::Int8(c) => {
-                stage::affine_values(isa, &c[e0..e0 + o.len()], zp, scale, o, scratch)
+                stage::affine_values(isa, &c[e0..e0 + o.len()], zp, scale, o, scratch, store)
             }
             Codes::Int4(p) => {
                 let mut q = std::mem::take(&mut scratch.codes);
@@ -596,7 +603,7 @@ pub fn dequantize_with<O: Float>(
                 for (k, os) in o.chunks_mut(STAGE).enumerate() {
                     let qs = &mut q[..os.len()];
                     unpack_range(isa, p, e0 + k * STAGE, qs);
-                    stage::affine_values(isa, qs, zp, scale, os, scratch);
+                    stage::affine_values(isa, qs, zp, scale, os, scratch, store);
                 }
                 scratch.codes = q;
             }

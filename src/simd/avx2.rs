@@ -1,7 +1,7 @@
 //! AVX2 primitives: 8 lanes; tails shorter than a vector go through the
 //! scalar kernel, which computes the same values.
 
-use super::kernels::{Affine, Kernels, Range, F32_FAST_LIMIT, F32_FAST_MARGIN};
+use super::kernels::{Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN};
 use super::scalar::{quantize_one, Scalar};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -313,7 +313,7 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]) {
+    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
         let mut xc = x.chunks_exact(8);
@@ -359,7 +359,7 @@ impl Kernels for Avx2 {
             }
         }
         // SAFETY: the scalar kernels need no CPU features.
-        unsafe { Scalar::affine_quantize_f32(xc.remainder(), a, oc.into_remainder()) };
+        unsafe { Scalar::affine_quantize_f32(xc.remainder(), a, oc.into_remainder(), store) };
     }
 
     #[inline(always)]
@@ -383,7 +383,7 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]) {
+    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32], store: Store) {
         let n = q.len().min(out.len());
         let (q, out) = (&q[..n], &mut out[..n]);
         let mut qc = q.chunks_exact(8);
@@ -399,7 +399,9 @@ impl Kernels for Avx2 {
             }
         }
         // SAFETY: the scalar kernels need no CPU features.
-        unsafe { Scalar::affine_dequantize_f32(qc.remainder(), zp, scale, oc.into_remainder()) };
+        unsafe {
+            Scalar::affine_dequantize_f32(qc.remainder(), zp, scale, oc.into_remainder(), store)
+        };
     }
 
     #[inline(always)]

@@ -1,18 +1,62 @@
 //! AVX-512 (F/BW/VL) primitives: 16 lanes, masked loads and stores for tails,
 //! so a block of any length runs without a scalar remainder loop.
 
-use super::kernels::{Affine, Kernels, Range, F32_FAST_LIMIT, F32_FAST_MARGIN};
+use super::kernels::{Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
 /// The AVX-512 ISA marker.
 pub(crate) struct Avx512;
 
+/// Elements (of `size` bytes, `addr` a multiple of `size`) before `addr`
+/// reaches a multiple of `align`, at most `n` (and below 16 for the aligns used).
+#[inline(always)]
+fn head_to_align(addr: usize, align: usize, size: usize, n: usize) -> usize {
+    (addr.wrapping_neg() % align / size).min(n)
+}
+
 /// Mask with the low `n` (< 16) lanes set.
 #[inline(always)]
 fn tail_mask(n: usize) -> __mmask16 {
     debug_assert!(n < 16);
     ((1u32 << n) - 1) as __mmask16
+}
+
+/// Affine codes of fewer than 16 f32 values (masked load and store).
+#[inline(always)]
+unsafe fn quantize_masked_f32(x: &[f32], out: &mut [i8], fast: &FastLanes, exact: &AffineLanes) {
+    // SAFETY: AVX-512F/BW per the caller; the masks cover `x.len()` (< 16)
+    // lanes, all inside `x` and `out` (callers pass equal lengths).
+    unsafe {
+        let k = tail_mask(x.len().min(out.len()));
+        let q = affine16_f32(_mm512_maskz_loadu_ps(k, x.as_ptr()), fast, exact);
+        _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr(), k, q);
+    }
+}
+
+/// `((q - zp) * scale) as f32` of 16 codes, computed in f64.
+#[inline(always)]
+unsafe fn values16_f32(c: __m128i, zp: __m512d, scale: __m512d) -> __m512 {
+    // SAFETY: AVX-512F per the caller; register operations only.
+    unsafe {
+        let (lo, hi) = affine_values16(c, zp, scale);
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
+            _mm256_castps_pd(_mm512_cvtpd_ps(hi)),
+        ))
+    }
+}
+
+/// [`values16_f32`] of fewer than 16 codes (masked load and store).
+#[inline(always)]
+unsafe fn dequantize_masked_f32(q: &[i8], out: &mut [f32], zp: __m512d, scale: __m512d) {
+    // SAFETY: AVX-512F/BW per the caller; the masks cover `q.len()` (< 16)
+    // lanes, all inside `q` and `out` (callers pass equal lengths).
+    unsafe {
+        let k = tail_mask(q.len().min(out.len()));
+        let v = values16_f32(_mm_maskz_loadu_epi8(k, q.as_ptr()), zp, scale);
+        _mm512_mask_storeu_ps(out.as_mut_ptr(), k, v);
+    }
 }
 
 /// `clamp(round_half_away(v / s), -clip, clip)` as i32 lanes, exactly as
@@ -390,25 +434,44 @@ impl Kernels for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]) {
+    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
         // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
-        // the equal-length `x` and `out` (exact chunks, then a masked tail).
+        // the equal-length `x` and `out` (a masked head, exact chunks, a masked
+        // tail); streaming stores go to 16-byte aligned chunks only (the head
+        // aligns them) and are fenced before returning.
         unsafe {
             let exact = AffineLanes::new(a);
             let fast = FastLanes::new(a);
+            let head = match store {
+                Store::Streaming => head_to_align(out.as_ptr() as usize, 16, 1, n),
+                Store::Cached => 0,
+            };
+            if head > 0 {
+                quantize_masked_f32(&x[..head], &mut out[..head], &fast, &exact);
+            }
+            let (x, out) = (&x[head..], &mut out[head..]);
             let mut xc = x.chunks_exact(16);
             let mut oc = out.chunks_exact_mut(16);
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                let q = affine16_f32(_mm512_loadu_ps(c.as_ptr()), &fast, &exact);
-                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+            match store {
+                Store::Streaming => {
+                    for (c, o) in (&mut xc).zip(&mut oc) {
+                        let q = affine16_f32(_mm512_loadu_ps(c.as_ptr()), &fast, &exact);
+                        _mm_stream_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+                    }
+                    _mm_sfence();
+                }
+                Store::Cached => {
+                    for (c, o) in (&mut xc).zip(&mut oc) {
+                        let q = affine16_f32(_mm512_loadu_ps(c.as_ptr()), &fast, &exact);
+                        _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+                    }
+                }
             }
             let rest = xc.remainder();
             if !rest.is_empty() {
-                let k = tail_mask(rest.len());
-                let q = affine16_f32(_mm512_maskz_loadu_ps(k, rest.as_ptr()), &fast, &exact);
-                _mm512_mask_cvtepi32_storeu_epi8(oc.into_remainder().as_mut_ptr(), k, q);
+                quantize_masked_f32(rest, oc.into_remainder(), &fast, &exact);
             }
         }
     }
@@ -442,29 +505,44 @@ impl Kernels for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]) {
+    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32], store: Store) {
         let n = q.len().min(out.len());
         let (q, out) = (&q[..n], &mut out[..n]);
         // SAFETY: AVX-512F/BW/VL per the Kernels contract; accesses stay inside
-        // the equal-length `q` and `out`. vcvtpd2ps rounds to nearest even, as `as f32`.
+        // the equal-length `q` and `out` (a masked head, exact chunks, a masked
+        // tail); streaming stores go to 64-byte aligned chunks only (the head
+        // aligns them) and are fenced before returning. vcvtpd2ps rounds to
+        // nearest even, as `as f32`.
         unsafe {
             let (zp, scale) = (_mm512_set1_pd(zp), _mm512_set1_pd(scale));
+            let head = match store {
+                Store::Streaming => head_to_align(out.as_ptr() as usize, 64, 4, n),
+                Store::Cached => 0,
+            };
+            if head > 0 {
+                dequantize_masked_f32(&q[..head], &mut out[..head], zp, scale);
+            }
+            let (q, out) = (&q[head..], &mut out[head..]);
             let mut qc = q.chunks_exact(16);
             let mut oc = out.chunks_exact_mut(16);
-            for (c, o) in (&mut qc).zip(&mut oc) {
-                let (lo, hi) = affine_values16(_mm_loadu_si128(c.as_ptr().cast()), zp, scale);
-                _mm256_storeu_ps(o.as_mut_ptr(), _mm512_cvtpd_ps(lo));
-                _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm512_cvtpd_ps(hi));
+            match store {
+                Store::Streaming => {
+                    for (c, o) in (&mut qc).zip(&mut oc) {
+                        let v = values16_f32(_mm_loadu_si128(c.as_ptr().cast()), zp, scale);
+                        _mm512_stream_ps(o.as_mut_ptr(), v);
+                    }
+                    _mm_sfence();
+                }
+                Store::Cached => {
+                    for (c, o) in (&mut qc).zip(&mut oc) {
+                        let v = values16_f32(_mm_loadu_si128(c.as_ptr().cast()), zp, scale);
+                        _mm512_storeu_ps(o.as_mut_ptr(), v);
+                    }
+                }
             }
             let rest = qc.remainder();
             if !rest.is_empty() {
-                let k = tail_mask(rest.len());
-                let (lo, hi) = affine_values16(_mm_maskz_loadu_epi8(k, rest.as_ptr()), zp, scale);
-                let f = _mm512_insertf64x4::<1>(
-                    _mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
-                    _mm256_castps_pd(_mm512_cvtpd_ps(hi)),
-                );
-                _mm512_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, _mm512_castpd_ps(f));
+                dequantize_masked_f32(rest, oc.into_remainder(), zp, scale);
             }
         }
     }

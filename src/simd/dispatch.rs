@@ -5,7 +5,7 @@
 //! which implementation it runs, and a tier without its own primitive falls to
 //! its base tier's, never silently to scalar.
 
-use super::kernels::{AbsmaxRule, Affine, Kernels, Range, F32_INF_BITS};
+use super::kernels::{AbsmaxRule, Affine, Kernels, Range, Store, F32_INF_BITS};
 use super::scalar::{self, Scalar};
 use super::Isa;
 #[cfg(target_arch = "x86_64")]
@@ -168,7 +168,7 @@ primitive!(
 );
 primitive!(
     /// Affine codes of f32 values, computed in f64 (see [`Affine`]).
-    affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]) -> ()
+    affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) -> ()
 );
 primitive!(
     /// Affine codes of f64 values (see [`Affine`]).
@@ -176,7 +176,7 @@ primitive!(
 );
 primitive!(
     /// `((q - zp) * scale) as f32`, computed in f64.
-    affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]) -> ()
+    affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32], store: Store) -> ()
 );
 primitive!(
     /// `(q - zp) * scale` in f64.

@@ -34,4 +34,4 @@ pub use dispatch::{
     quantize_scaled, range_f32, range_f64, scaled_blocks_dequantize, unpack_int4,
 };
 pub use isa::{env_warning, Isa, ENV_SIMD};
-pub use kernels::{AbsmaxRule, Affine, Range, F32_INF_BITS};
+pub use kernels::{AbsmaxRule, Affine, Range, Store, F32_INF_BITS};

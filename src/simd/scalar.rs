@@ -1,6 +1,6 @@
 //! Portable primitives: the executable specification every SIMD path must equal.
 
-use super::kernels::{Affine, Kernels, Range};
+use super::kernels::{Affine, Kernels, Range, Store};
 use crate::round::{round_f32, round_f64};
 use half::{bf16, f16};
 
@@ -112,7 +112,7 @@ impl Kernels for Scalar {
     }
 
     #[inline(always)]
-    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8]) {
+    unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], _store: Store) {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = affine_one(v as f64, a);
         }
@@ -126,7 +126,7 @@ impl Kernels for Scalar {
     }
 
     #[inline(always)]
-    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32]) {
+    unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32], _store: Store) {
         for (o, &c) in out.iter_mut().zip(q) {
             *o = affine_value(c, zp, scale) as f32;
         }

@@ -9,7 +9,7 @@ use ferroquant::ops::affine::{
     dequantize_with, num_groups, quantize_with, Bits, Codes, CodesMut, QuantConfig,
 };
 use ferroquant::ops::pack::packed_len;
-use ferroquant::simd::{self, Affine, Isa};
+use ferroquant::simd::{self, Affine, Isa, Store};
 use ferroquant::{Float, QuantError};
 use half::{bf16, f16};
 
@@ -140,16 +140,23 @@ fn primitives_match_scalar_on_every_isa() {
                 simd::affine_quantize_f64(isa, &x, a, &mut p);
                 simd::affine_quantize_f64(Isa::Scalar, &x, a, &mut q);
                 assert_eq!(p, q, "f64 {isa:?} n {n} {a:?}");
-                simd::affine_quantize_f32(isa, &xf, a, &mut p);
-                simd::affine_quantize_f32(Isa::Scalar, &xf, a, &mut q);
+                simd::affine_quantize_f32(isa, &xf, a, &mut p, Store::Cached);
+                simd::affine_quantize_f32(Isa::Scalar, &xf, a, &mut q, Store::Cached);
                 assert_eq!(p, q, "f32 {isa:?} n {n} {a:?}");
                 let (mut d1, mut d2) = (vec![0f64; n], vec![0f64; n]);
                 simd::affine_dequantize_f64(isa, &p, a.zp, 0.37, &mut d1);
                 simd::affine_dequantize_f64(Isa::Scalar, &p, a.zp, 0.37, &mut d2);
                 assert_eq!(d1, d2);
                 let (mut f1, mut f2) = (vec![0f32; n], vec![0f32; n]);
-                simd::affine_dequantize_f32(isa, &p, a.zp, 1.0 / 3.0, &mut f1);
-                simd::affine_dequantize_f32(Isa::Scalar, &p, a.zp, 1.0 / 3.0, &mut f2);
+                simd::affine_dequantize_f32(isa, &p, a.zp, 1.0 / 3.0, &mut f1, Store::Cached);
+                simd::affine_dequantize_f32(
+                    Isa::Scalar,
+                    &p,
+                    a.zp,
+                    1.0 / 3.0,
+                    &mut f2,
+                    Store::Cached,
+                );
                 assert_eq!(f1, f2);
             }
             let codes: Vec<i8> = x
@@ -165,6 +172,63 @@ fn primitives_match_scalar_on_every_isa() {
             simd::unpack_int4(Isa::Scalar, &p1, &mut u2);
             assert_eq!(u1, u2);
             assert_eq!(u1, codes[..2 * (n / 2)]);
+        }
+    }
+}
+
+/// Streaming stores align the output with a masked head first: every start
+/// offset of the output (mod 64 bytes) and every length around the steps give
+/// the scalar result, and nothing outside the output is written.
+#[test]
+fn streaming_stores_match_scalar_at_every_alignment() {
+    let a = Affine {
+        inv: 1.0 / 0.0371,
+        zp: -3.0,
+        qmin: -128.0,
+        qmax: 127.0,
+    };
+    let x: Vec<f32> = adversarial_f64(200, 7).iter().map(|&v| v as f32).collect();
+    let codes: Vec<i8> = x
+        .iter()
+        .map(|&v| (v as i64).rem_euclid(256) as u8 as i8)
+        .collect();
+    for isa in Isa::supported() {
+        for n in [0, 1, 15, 16, 17, 31, 33, 64, 65, 100, 130] {
+            for off in 0..64 {
+                let mut want = vec![0i8; n];
+                simd::affine_quantize_f32(Isa::Scalar, &x[..n], a, &mut want, Store::Cached);
+                let mut buf = vec![0x55i8; off + n + 64];
+                simd::affine_quantize_f32(
+                    isa,
+                    &x[..n],
+                    a,
+                    &mut buf[off..off + n],
+                    Store::Streaming,
+                );
+                assert_eq!(
+                    &buf[off..off + n],
+                    &want[..],
+                    "codes {isa:?} n {n} offset {off}"
+                );
+                assert!(buf[..off].iter().chain(&buf[off + n..]).all(|&b| b == 0x55));
+
+                let mut want = vec![0f32; n];
+                let q = &codes[..n];
+                simd::affine_dequantize_f32(Isa::Scalar, q, 3.0, 0.0371, &mut want, Store::Cached);
+                // f32 offsets: every 4-byte position in a 64-byte line.
+                let o = off % 16;
+                let mut buf = vec![-7.5f32; o + n + 16];
+                simd::affine_dequantize_f32(
+                    isa,
+                    q,
+                    3.0,
+                    0.0371,
+                    &mut buf[o..o + n],
+                    Store::Streaming,
+                );
+                assert_eq!(&buf[o..o + n], &want[..], "values {isa:?} n {n} offset {o}");
+                assert!(buf[..o].iter().chain(&buf[o + n..]).all(|&v| v == -7.5));
+            }
         }
     }
 }
@@ -225,8 +289,8 @@ fn the_f32_shortcut_agrees_with_f64_next_to_every_half_integer() {
         }
         for isa in Isa::supported() {
             let (mut p, mut q) = (vec![0i8; x.len()], vec![0i8; x.len()]);
-            simd::affine_quantize_f32(isa, &x, a, &mut p);
-            simd::affine_quantize_f32(Isa::Scalar, &x, a, &mut q);
+            simd::affine_quantize_f32(isa, &x, a, &mut p, Store::Cached);
+            simd::affine_quantize_f32(Isa::Scalar, &x, a, &mut q, Store::Cached);
             assert_eq!(p, q, "{isa:?} {a:?}");
         }
     }
@@ -316,6 +380,29 @@ fn large_inputs_do_not_depend_on_the_thread_count() {
                 values::<f32>(Isa::detected(), &outs[0], &shape, c, k)
             });
             assert_eq!(vals[0], vals[1]);
+        }
+    }
+}
+
+/// Outputs of at least `Store::STREAMING_MIN_BYTES` take the streaming-store
+/// paths (rows of 4099 start at every alignment): still the scalar result.
+#[test]
+fn outputs_large_enough_to_stream_match_scalar() {
+    let (rows, cols) = (2049, 4099);
+    let n = rows * cols;
+    assert!(n >= Store::STREAMING_MIN_BYTES);
+    let x: Vec<f32> = adversarial_f64(n, 5).iter().map(|&v| v as f32).collect();
+    let int8 = QuantConfig::int8();
+    for c in [int8, int8.asymmetric(), QuantConfig::int8_per_channel()] {
+        for shape in [vec![n], vec![rows, cols]] {
+            let fast = run(Isa::detected(), &x, &shape, c).unwrap();
+            assert_eq!(fast, run(Isa::Scalar, &x, &shape, c).unwrap(), "{c:?}");
+            // 4 bytes an element: 8 Mi elements and more stream their values too.
+            assert_eq!(
+                values::<f32>(Isa::detected(), &fast, &shape, c, n),
+                values::<f32>(Isa::Scalar, &fast, &shape, c, n),
+                "{c:?}"
+            );
         }
     }
 }
