@@ -211,12 +211,15 @@ pub fn inverse(scale: f64) -> f64 {
     }
 }
 
-fn affine(config: &QuantConfig, scale: f64, zp: f64) -> Affine {
+/// The affine map of a group with exact range `range` (its bound lets SIMD
+/// paths drop checks that cannot fire).
+fn affine(config: &QuantConfig, range: Option<(f64, f64)>, scale: f64, zp: f64) -> Affine {
     Affine {
         inv: inverse(scale),
         zp,
         qmin: config.qmin(),
         qmax: config.qmax(),
+        max_abs: range.map_or(0.0, |(lo, hi)| lo.abs().max(hi.abs())),
     }
 }
 
@@ -398,10 +401,11 @@ fn per_tensor<T: Float>(
                 |a, b| parallel::first_error(a, b, merge_ranges),
             )
     });
-    let (scale, zp) = scale_zero_point(found?, config);
+    let range = found?;
+    let (scale, zp) = scale_zero_point(range, config);
     (*scale_out, *zp_out) = (scale, zp);
-    let a = affine(config, scale, zp);
-    let store = Store::for_output(n);
+    let a = affine(config, range, scale, zp);
+    let store = Store::for_run(n, n);
     // Pass 2: the codes. (Rayon's iterators only inside the pool: outside it they
     // would start rayon's global pool, which ferroquant never uses.)
     parallel::run(work, |par| {
@@ -473,7 +477,7 @@ fn per_channel<T: Float>(
         1
     };
     let task_rows = || parallel::units_per_task(rows.div_ceil(unit), cs * unit) * unit;
-    let store = Store::for_output(n);
+    let store = Store::for_run(n, cs);
     let task = |t0: usize, xs: &[T], out: TaskOut<'_>, sc: &mut [f64], zs: &mut [f64]| {
         let mut scratch = Scratch::new();
         let mut out = out;
@@ -481,7 +485,7 @@ fn per_channel<T: Float>(
             let found = stage::range(isa, xr, &mut scratch).map_err(|i| (t0 + r) * cs + i)?;
             let (scale, zp) = scale_zero_point(found, config);
             (sc[r], zs[r]) = (scale, zp);
-            let a = affine(config, scale, zp);
+            let a = affine(config, found, scale, zp);
             match &mut out {
                 TaskOut::Int8(c) => {
                     let cr = &mut c[r * cs..(r + 1) * cs];
@@ -587,12 +591,13 @@ pub fn dequantize_with<O: Float>(
     if n == 0 {
         return Ok(());
     }
-    let store = Store::for_output(n.saturating_mul(std::mem::size_of::<O>()));
+    let size = std::mem::size_of::<O>();
     // Rows of one group are cut into runs of at most `len` elements (even, so
     // int4 runs start on a byte unless a row itself starts mid-byte).
     let run = |e0: usize, o: &mut [O], scratch: &mut Scratch| {
         let g = e0 / cs;
         let (zp, scale) = (zero_points[g], scales[g]);
+        let store = Store::for_run(n.saturating_mul(size), o.len().saturating_mul(size));
         match codes {
             Codes::Int8(c) => {
                 stage::affine_values(isa, &c[e0..e0 + o.len()], zp, scale, o, scratch, store)

@@ -24,12 +24,17 @@ fn tail_mask(n: usize) -> __mmask16 {
 
 /// Affine codes of fewer than 16 f32 values (masked load and store).
 #[inline(always)]
-unsafe fn quantize_masked_f32(x: &[f32], out: &mut [i8], fast: &FastLanes, exact: &AffineLanes) {
+unsafe fn quantize_masked_f32<const RANGE: bool, const CLAMP: bool>(
+    x: &[f32],
+    out: &mut [i8],
+    fast: &FastLanes,
+    exact: &AffineLanes,
+) {
     // SAFETY: AVX-512F/BW per the caller; the masks cover `x.len()` (< 16)
     // lanes, all inside `x` and `out` (callers pass equal lengths).
     unsafe {
         let k = tail_mask(x.len().min(out.len()));
-        let q = affine16_f32(_mm512_maskz_loadu_ps(k, x.as_ptr()), fast, exact);
+        let q = affine16_f32::<RANGE, CLAMP>(_mm512_maskz_loadu_ps(k, x.as_ptr()), fast, exact);
         _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr(), k, q);
     }
 }
@@ -134,6 +139,10 @@ impl AffineLanes {
 /// The f32 shortcut's parameters broadcast (see `kernels::F32_FAST_LIMIT`).
 struct FastLanes {
     on: bool,
+    /// `|fl32(v * inv32)| <= F32_FAST_LIMIT` may fail for some input: check it.
+    check_range: bool,
+    /// Some shortcut code may fall outside `[qmin, qmax]`: clamp.
+    clamp: bool,
     inv: __m512,
     zp: __m512,
     lim: __m512,
@@ -151,6 +160,8 @@ impl FastLanes {
         unsafe {
             FastLanes {
                 on: shortcut.is_some(),
+                check_range: !a.f32_in_range(),
+                clamp: !a.f32_within_codes(),
                 inv: _mm512_set1_ps(inv),
                 zp: _mm512_set1_ps(zp),
                 lim: _mm512_set1_ps(F32_FAST_LIMIT),
@@ -165,7 +176,11 @@ impl FastLanes {
 /// Affine codes of 16 f32 values: the f32 shortcut where provably exact
 /// (kernels::F32_FAST_LIMIT), else the seed's f64 arithmetic, 8 lanes at a time.
 #[inline(always)]
-unsafe fn affine16_f32(v: __m512, fast: &FastLanes, exact: &AffineLanes) -> __m512i {
+unsafe fn affine16_f32<const RANGE: bool, const CLAMP: bool>(
+    v: __m512,
+    fast: &FastLanes,
+    exact: &AffineLanes,
+) -> __m512i {
     // SAFETY: the caller runs with AVX-512F.
     unsafe {
         if fast.on {
@@ -173,10 +188,17 @@ unsafe fn affine16_f32(v: __m512, fast: &FastLanes, exact: &AffineLanes) -> __m5
             let y = _mm512_add_ps(m, fast.zp);
             let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
             let off = _mm512_abs_ps(_mm512_sub_ps(y, r));
-            let near_tie = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(off, fast.margin);
-            let large = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(m), fast.lim);
-            if near_tie | large == 0 {
-                return _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(r, fast.qmin), fast.qmax));
+            let mut slow = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(off, fast.margin);
+            if RANGE {
+                slow |= _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(m), fast.lim);
+            }
+            if slow == 0 {
+                let c = if CLAMP {
+                    _mm512_min_ps(_mm512_max_ps(r, fast.qmin), fast.qmax)
+                } else {
+                    r
+                };
+                return _mm512_cvttps_epi32(c);
             }
         }
         let lo = affine8(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), exact);
@@ -187,6 +209,56 @@ unsafe fn affine16_f32(v: __m512, fast: &FastLanes, exact: &AffineLanes) -> __m5
             exact,
         );
         join(lo, hi)
+    }
+}
+
+/// The affine codes loop over f32, with the shortcut's range check (`RANGE`)
+/// and clamp (`CLAMP`) compiled in or out (see `FastLanes`).
+#[inline(always)]
+unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool>(
+    x: &[f32],
+    a: Affine,
+    out: &mut [i8],
+    store: Store,
+    fast: &FastLanes,
+) {
+    let n = x.len().min(out.len());
+    let (x, out) = (&x[..n], &mut out[..n]);
+    // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
+    // the equal-length `x` and `out` (a masked head, exact chunks, a masked
+    // tail); streaming stores go to 16-byte aligned chunks only (the head
+    // aligns them) and are fenced before returning.
+    unsafe {
+        let exact = AffineLanes::new(a);
+        let head = match store {
+            Store::Streaming => head_to_align(out.as_ptr() as usize, 16, 1, n),
+            Store::Cached => 0,
+        };
+        if head > 0 {
+            quantize_masked_f32::<RANGE, CLAMP>(&x[..head], &mut out[..head], fast, &exact);
+        }
+        let (x, out) = (&x[head..], &mut out[head..]);
+        let mut xc = x.chunks_exact(16);
+        let mut oc = out.chunks_exact_mut(16);
+        match store {
+            Store::Streaming => {
+                for (c, o) in (&mut xc).zip(&mut oc) {
+                    let q = affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr()), fast, &exact);
+                    _mm_stream_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+                }
+                _mm_sfence();
+            }
+            Store::Cached => {
+                for (c, o) in (&mut xc).zip(&mut oc) {
+                    let q = affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr()), fast, &exact);
+                    _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+                }
+            }
+        }
+        let rest = xc.remainder();
+        if !rest.is_empty() {
+            quantize_masked_f32::<RANGE, CLAMP>(rest, oc.into_remainder(), fast, &exact);
+        }
     }
 }
 
@@ -435,43 +507,15 @@ impl Kernels for Avx512 {
 
     #[inline(always)]
     unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) {
-        let n = x.len().min(out.len());
-        let (x, out) = (&x[..n], &mut out[..n]);
-        // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
-        // the equal-length `x` and `out` (a masked head, exact chunks, a masked
-        // tail); streaming stores go to 16-byte aligned chunks only (the head
-        // aligns them) and are fenced before returning.
+        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract); the loop
+        // variant only drops checks `FastLanes` proved cannot fire.
         unsafe {
-            let exact = AffineLanes::new(a);
             let fast = FastLanes::new(a);
-            let head = match store {
-                Store::Streaming => head_to_align(out.as_ptr() as usize, 16, 1, n),
-                Store::Cached => 0,
-            };
-            if head > 0 {
-                quantize_masked_f32(&x[..head], &mut out[..head], &fast, &exact);
-            }
-            let (x, out) = (&x[head..], &mut out[head..]);
-            let mut xc = x.chunks_exact(16);
-            let mut oc = out.chunks_exact_mut(16);
-            match store {
-                Store::Streaming => {
-                    for (c, o) in (&mut xc).zip(&mut oc) {
-                        let q = affine16_f32(_mm512_loadu_ps(c.as_ptr()), &fast, &exact);
-                        _mm_stream_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
-                    }
-                    _mm_sfence();
-                }
-                Store::Cached => {
-                    for (c, o) in (&mut xc).zip(&mut oc) {
-                        let q = affine16_f32(_mm512_loadu_ps(c.as_ptr()), &fast, &exact);
-                        _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
-                    }
-                }
-            }
-            let rest = xc.remainder();
-            if !rest.is_empty() {
-                quantize_masked_f32(rest, oc.into_remainder(), &fast, &exact);
+            match (fast.check_range, fast.clamp) {
+                (false, false) => quantize_f32_run::<false, false>(x, a, out, store, &fast),
+                (false, true) => quantize_f32_run::<false, true>(x, a, out, store, &fast),
+                (true, false) => quantize_f32_run::<true, false>(x, a, out, store, &fast),
+                (true, true) => quantize_f32_run::<true, true>(x, a, out, store, &fast),
             }
         }
     }

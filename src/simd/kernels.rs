@@ -48,6 +48,10 @@ pub struct Affine {
     pub qmin: f64,
     /// The largest code.
     pub qmax: f64,
+    /// An upper bound on `|x|` over every value the codes are computed from
+    /// (`f64::INFINITY` when unknown): SIMD paths drop checks it proves cannot
+    /// fire. A bound below the true maximum may change codes.
+    pub max_abs: f64,
 }
 
 /// When f32 input may take the f32 shortcut of the affine map, and its parameters.
@@ -81,6 +85,28 @@ impl Affine {
         let inv_ok = self.inv == 0.0 || (self.inv >= 2f64.powi(-120) && self.inv <= 2f64.powi(120));
         let zp_ok = self.zp.abs() <= 1024.0 && self.zp == self.zp.trunc();
         (inv_ok && zp_ok).then_some((self.inv as f32, self.zp as f32))
+    }
+
+    /// A bound on `|fl32(v * inv32)|` over `|v| <= max_abs`: `max_abs * |inv|`
+    /// widened by `2^-20`, which covers `inv32`'s and the product's rounding.
+    fn f32_product_bound(&self) -> f64 {
+        self.max_abs * self.inv.abs() * (1.0 + 2f64.powi(-20))
+    }
+
+    /// Whether the shortcut's range condition (`|fl32(v * inv32)| <=
+    /// F32_FAST_LIMIT`) holds for every input (so needs no check).
+    pub fn f32_in_range(&self) -> bool {
+        self.f32_product_bound() <= F32_FAST_LIMIT as f64
+    }
+
+    /// Whether every code the shortcut produces lies in `[qmin, qmax]` without
+    /// a clamp: `|y32| <= Y` (`Y` the product bound plus `|zp|`, widened by
+    /// `2^-20` for the add), and a shortcut code is within `0.5 - 2^-11` of
+    /// `y32`, so its magnitude is below `Y + 0.5`; `Y < min(qmax, -qmin) + 0.5`
+    /// keeps it inside.
+    pub fn f32_within_codes(&self) -> bool {
+        let y = (self.f32_product_bound() + self.zp.abs()) * (1.0 + 2f64.powi(-20));
+        self.f32_in_range() && y < self.qmax.min(-self.qmin) + 0.5
     }
 }
 
@@ -133,10 +159,15 @@ impl Store {
     /// 6.2 → 5.6 ms; a 64 MiB float32 dequantize output likewise gains.
     pub const STREAMING_MIN_BYTES: usize = 8 << 20;
 
-    /// [`Store::Streaming`] for an output of at least
-    /// [`Store::STREAMING_MIN_BYTES`], else [`Store::Cached`].
-    pub fn for_output(bytes: usize) -> Store {
-        if bytes >= Self::STREAMING_MIN_BYTES {
+    /// Runs (one primitive call) shorter than this are never streamed: each
+    /// pays a masked head and a fence, and short per-channel rows (64 float32
+    /// values) of a large output ran up to 10x slower streamed.
+    pub const STREAMING_MIN_RUN: usize = 4096;
+
+    /// [`Store::Streaming`] for a run of `run` bytes of an output of `total`
+    /// bytes when both are large enough, else [`Store::Cached`].
+    pub fn for_run(total: usize, run: usize) -> Store {
+        if total >= Self::STREAMING_MIN_BYTES && run >= Self::STREAMING_MIN_RUN {
             Store::Streaming
         } else {
             Store::Cached
@@ -183,4 +214,53 @@ pub(crate) trait Kernels {
     /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
     /// the high one, over `min(p.len(), out.len() / 2)` bytes.
     unsafe fn unpack_int4(p: &[u8], out: &mut [i8]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sym(qm: f64, amax: f64) -> Affine {
+        Affine {
+            inv: 1.0 / (amax / qm),
+            zp: 0.0,
+            qmin: -qm,
+            qmax: qm,
+            max_abs: amax,
+        }
+    }
+
+    #[test]
+    fn bounds_drop_only_the_checks_they_prove_idle() {
+        // A symmetric map over its own range never needs the range check or a clamp.
+        for amax in [1e-20, 0.37, 3.0, 1e6, 3e30] {
+            assert!(sym(127.0, amax).f32_within_codes(), "{amax}");
+            assert!(sym(7.0, amax).f32_within_codes(), "{amax}");
+        }
+        // Unknown bound: keep both.
+        let unknown = Affine {
+            max_abs: f64::INFINITY,
+            ..sym(127.0, 3.0)
+        };
+        assert!(!unknown.f32_in_range() && !unknown.f32_within_codes());
+        // Asymmetric: the zero point can push a code past qmax (clamp), though
+        // the product stays in range.
+        let asym = Affine {
+            inv: 255.0 / 4.0,
+            zp: -128.0 + 64.0,
+            qmin: -128.0,
+            qmax: 127.0,
+            max_abs: 3.0,
+        };
+        assert!(asym.f32_in_range() && !asym.f32_within_codes());
+        // Products above F32_FAST_LIMIT keep the range check.
+        let wide = Affine {
+            inv: 1.0,
+            zp: 0.0,
+            qmin: -127.0,
+            qmax: 127.0,
+            max_abs: 1001.0,
+        };
+        assert!(!wide.f32_in_range());
+    }
 }

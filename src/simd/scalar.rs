@@ -175,6 +175,7 @@ mod tests {
             zp: 3.0,
             qmin: -8.0,
             qmax: 7.0,
+            max_abs: f64::INFINITY,
         };
         // 25 * 0.1 rounds to 2.5 in f64; + 3 = 5.5, a tie: away from zero.
         assert_eq!(affine_one(25.0, a), 6);

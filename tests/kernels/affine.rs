@@ -95,30 +95,35 @@ fn primitives_match_scalar_on_every_isa() {
             zp: 0.0,
             qmin: -127.0,
             qmax: 127.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 0.5,
             zp: -3.0,
             qmin: -128.0,
             qmax: 127.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 127.0 / 149.5,
             zp: 0.0,
             qmin: -7.0,
             qmax: 7.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 0.0,
             zp: 5.0,
             qmin: -8.0,
             qmax: 7.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 1e300,
             zp: -1e300,
             qmin: -8.0,
             qmax: 7.0,
+            max_abs: f64::INFINITY,
         },
     ];
     for isa in Isa::supported() {
@@ -135,6 +140,23 @@ fn primitives_match_scalar_on_every_isa() {
                 simd::range_f32(Isa::Scalar, &xf),
                 "{isa:?} {n}"
             );
+            // The maps the drivers build from the data: symmetric int8 / int4 with
+            // the exact bound, where the shortcut needs neither range check nor clamp.
+            let amax = xf.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
+            for qm in [127.0, 7.0] {
+                let a = Affine {
+                    inv: if amax > 0.0 { 1.0 / (amax / qm) } else { 0.0 },
+                    zp: 0.0,
+                    qmin: -qm,
+                    qmax: qm,
+                    max_abs: amax,
+                };
+                let (mut p, mut q) = (vec![0i8; n], vec![0i8; n]);
+                simd::affine_quantize_f32(isa, &xf, a, &mut p, Store::Cached);
+                simd::affine_quantize_f32(Isa::Scalar, &xf, a, &mut q, Store::Cached);
+                assert_eq!(p, q, "f32 data-driven {isa:?} n {n} {a:?}");
+                assert!(q.iter().all(|&c| (c as f64).abs() <= qm));
+            }
             for a in params {
                 let (mut p, mut q) = (vec![0i8; n], vec![0i8; n]);
                 simd::affine_quantize_f64(isa, &x, a, &mut p);
@@ -143,6 +165,14 @@ fn primitives_match_scalar_on_every_isa() {
                 simd::affine_quantize_f32(isa, &xf, a, &mut p, Store::Cached);
                 simd::affine_quantize_f32(Isa::Scalar, &xf, a, &mut q, Store::Cached);
                 assert_eq!(p, q, "f32 {isa:?} n {n} {a:?}");
+                // With the tightest bound, checks it proves idle are dropped.
+                let tight = Affine {
+                    max_abs: xf.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs())),
+                    ..a
+                };
+                let mut t = vec![0i8; n];
+                simd::affine_quantize_f32(isa, &xf, tight, &mut t, Store::Cached);
+                assert_eq!(t, q, "f32 tight {isa:?} n {n} {tight:?}");
                 let (mut d1, mut d2) = (vec![0f64; n], vec![0f64; n]);
                 simd::affine_dequantize_f64(isa, &p, a.zp, 0.37, &mut d1);
                 simd::affine_dequantize_f64(Isa::Scalar, &p, a.zp, 0.37, &mut d2);
@@ -186,6 +216,7 @@ fn streaming_stores_match_scalar_at_every_alignment() {
         zp: -3.0,
         qmin: -128.0,
         qmax: 127.0,
+        max_abs: f64::INFINITY,
     };
     let x: Vec<f32> = adversarial_f64(200, 7).iter().map(|&v| v as f32).collect();
     let codes: Vec<i8> = x
@@ -244,36 +275,42 @@ fn the_f32_shortcut_agrees_with_f64_next_to_every_half_integer() {
             zp: 0.0,
             qmin: -127.0,
             qmax: 127.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 255.0 / 7.77,
             zp: -37.0,
             qmin: -128.0,
             qmax: 127.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 15.0 / 0.123,
             zp: 5.0,
             qmin: -8.0,
             qmax: 7.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 1.0 / 3.0,
             zp: 1024.0,
             qmin: -128.0,
             qmax: 127.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 1.0 / 3.0,
             zp: 1025.0,
             qmin: -128.0,
             qmax: 127.0,
+            max_abs: f64::INFINITY,
         },
         Affine {
             inv: 0.999,
             zp: 0.0,
             qmin: -128.0,
             qmax: 127.0,
+            max_abs: f64::INFINITY,
         },
     ];
     let mut r = Rng(77);
@@ -287,11 +324,17 @@ fn the_f32_shortcut_agrees_with_f64_next_to_every_half_integer() {
             }
             x.push((target * (1.0 + (r.unit() as f64 - 0.5) * 1e-6)) as f32);
         }
+        let tight = Affine {
+            max_abs: x.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs())),
+            ..a
+        };
         for isa in Isa::supported() {
             let (mut p, mut q) = (vec![0i8; x.len()], vec![0i8; x.len()]);
             simd::affine_quantize_f32(isa, &x, a, &mut p, Store::Cached);
             simd::affine_quantize_f32(Isa::Scalar, &x, a, &mut q, Store::Cached);
             assert_eq!(p, q, "{isa:?} {a:?}");
+            simd::affine_quantize_f32(isa, &x, tight, &mut p, Store::Streaming);
+            assert_eq!(p, q, "{isa:?} {tight:?}");
         }
     }
 }
