@@ -3,8 +3,10 @@ nothing references it, is overwritten whole, and never changes a live result."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -22,6 +24,13 @@ def own_memory(a: np.ndarray) -> bool:
     while a.base is not None:
         a = a.base
     return a.dtype != np.uint8
+
+
+def poison(buf: np.ndarray) -> None:
+    """Fill a cache buffer (read-only while handed out) with a recognisable pattern."""
+    buf.setflags(write=True)
+    buf[...] = 0x55
+    buf.setflags(write=False)
 
 
 def address(a: np.ndarray) -> int:
@@ -63,7 +72,7 @@ def test_dropped_codes_are_reused_and_overwritten_whole(rng):
         shape = (1024, N // 1024)
         expect = fq.quantize(x2.reshape(shape), config).data.copy()
         q1 = fq.quantize(x1.reshape(shape), config)
-        q1.data.base[...] = 0x55  # the buffer behind the read-only codes
+        poison(q1.data.base)  # the buffer behind the read-only codes
         where = address(q1.data)
         del q1
         q2 = fq.quantize(x2.reshape(shape), config)
@@ -72,7 +81,7 @@ def test_dropped_codes_are_reused_and_overwritten_whole(rng):
     y = rng.standard_normal(N).astype(np.float32)
     b1 = fq.quantize_blockwise(y)
     codes = b1.data.copy()
-    b1.data.base[...] = 0x55
+    poison(b1.data.base)
     del b1
     np.testing.assert_array_equal(fq.quantize_blockwise(y).data, codes)
 
@@ -220,3 +229,82 @@ def test_results_are_correct_with_the_cache_off(pair):
     del a
     gc.collect()
     np.testing.assert_array_equal(fq.dequantize(q2), expect)
+
+
+def test_buffers_are_read_only_while_handed_out(rng):
+    x = rng.standard_normal((1024, 1024)).astype(np.float32)
+    q = fq.quantize(x)
+    assert not q.data.flags.writeable and not q.data.base.flags.writeable
+    with pytest.raises(ValueError):
+        q.data.base[0] = 1
+    y = fq.dequantize(q)
+    assert y.flags.writeable and not y.base.flags.writeable
+    y[0, 0] = 42.0  # the caller's result stays writable
+    # Nothing else can write the codes, so rebuilding the value shares them.
+    again = dataclasses.replace(q)
+    assert again == q and np.shares_memory(again.data, q.data)
+
+
+def test_a_weakly_referenced_buffer_is_let_go_of_not_reused(pair):
+    q1, q2 = pair
+    e2 = fq.dequantize(q2).copy()
+    a = fq.dequantize(q1)
+    watched = weakref.ref(a.base)
+    finalized = []
+    weakref.finalize(a.base, finalized.append, True)
+    del a
+    b = fq.dequantize(q2)
+    assert watched() is None and finalized == [True]
+    np.testing.assert_array_equal(b, e2)
+
+
+def test_a_slightly_larger_free_buffer_is_reused():
+    big = int4(4 * N)
+    a = fq.dequantize(big)
+    where = address(a)
+    del a
+    smaller = fq.quantize(np.full(int(0.9 * N), 2.0, np.float32), fq.QuantConfig.int4())
+    b = fq.dequantize(smaller)
+    assert address(b) == where and b.shape == (int(0.9 * N),)
+    np.testing.assert_array_equal(b, np.full(b.shape, 2.0, np.float32))
+    del b
+    much_smaller = fq.quantize(np.ones(int(0.7 * N), np.float32), fq.QuantConfig.int4())
+    assert address(fq.dequantize(much_smaller)) != where
+
+
+def test_memory_error_releases_free_buffers_and_retries():
+    code = """
+import resource
+import numpy as np
+import ferroquant as fq
+from ferroquant import _ferroquant as native
+M = 1 << 20
+for k in range(4):  # free buffers of 84-96 MiB, as many as fit in 256 MiB
+    fq.dequantize(fq.quantize(np.ones((21 + k) * M // 4 * 4, np.float32), fq.QuantConfig.int4()))
+assert native.output_cache_usage()[2] > 150 * M, native.output_cache_usage()
+q = fq.quantize(np.ones(12 * M, np.float32), fq.QuantConfig.int4())
+vm = int(open("/proc/self/statm").read().split()[0]) * 4096
+resource.setrlimit(resource.RLIMIT_AS, (vm + 40 * M, resource.RLIM_INFINITY))
+y = fq.dequantize(q)  # 48 MiB: only fits once the free buffers are released
+assert y.shape == (12 * M,) and float(y[0]) == 1.0
+print("ok")
+"""
+    r = run_python(code, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_a_replaced_getrefcount_turns_the_cache_off():
+    code = """
+import sys
+sys.getrefcount = lambda o: 1
+import numpy as np
+import ferroquant as fq
+M = 1 << 20
+q1, q2 = fq.quantize(np.ones(M, np.float32)), fq.quantize(np.full(M, 3, np.float32))
+a, b = fq.dequantize(q1), fq.dequantize(q2)
+assert not np.shares_memory(a, b) and a[0] == 1.0 and b[0] == 3.0
+assert fq.get_output_cache() == 0
+print("ok")
+"""
+    r = run_python(code, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -14,17 +14,31 @@
 //! every element of their outputs, so old contents never show through (tests
 //! poison recycled buffers to check it).
 //!
+//! A buffer someone holds a weak reference to (`weakref.ref(result.base)`, a
+//! `weakref.finalize`) is let go of instead of reused: the weak reference
+//! then dies with it, as it would without the cache.
+//!
 //! The cache holds at most [`capacity`] bytes (in use or free) in at most
-//! [`MAX_ENTRIES`] buffers. On a miss it frees the least recently used free
-//! buffers first to make room, so cached memory is returned before new memory
-//! is asked for. `set_output_cache(0)` turns it off and lets go of everything.
+//! [`MAX_ENTRIES`] buffers. A request takes the smallest free buffer of at
+//! least its size and at most a quarter more (the view covers the request).
+//! On a miss it frees the least recently used free buffers first to make
+//! room, so cached memory is returned before new memory is asked for; an
+//! allocation that fails with `MemoryError` lets go of every free buffer and
+//! tries once more. `set_output_cache(0)` turns it off and lets go of
+//! everything.
+//!
+//! While handed out, a buffer is read-only (results and their views keep the
+//! flags they were made with): a frozen result's codes cannot be written
+//! through `.base` without first changing its flags, as for memory NumPy owns.
 //!
 //! Reference counts are read with `sys.getrefcount`, calibrated at import on
-//! an object known to have one owner (the only safe way pyo3 offers). The
-//! lock is only ever tried: a thread that finds it taken (or a forked child
-//! that inherited it taken) allocates as if the cache were off, never waits.
+//! an object known to have one owner and checked to count a second reference
+//! (else the cache stays off). The lock is only ever tried: a thread that
+//! finds it taken (or a forked child that inherited it taken) allocates as if
+//! the cache were off, never waits.
 
 use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyUntypedArrayMethods};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyList;
@@ -59,28 +73,69 @@ static CACHE: Mutex<Cache> = Mutex::new(Cache {
 
 struct Probe {
     getrefcount: Py<PyAny>,
+    getweakrefcount: Py<PyAny>,
     /// What `sys.getrefcount` returns, through this call path, for an object
     /// whose only reference is one held in Rust.
     sole: isize,
 }
 
-static PROBE: PyOnceLock<Probe> = PyOnceLock::new();
+static PROBE: PyOnceLock<Option<Probe>> = PyOnceLock::new();
 
-fn probe(py: Python<'_>) -> PyResult<&Probe> {
-    PROBE.get_or_try_init(py, || {
+/// The calibrated reference counter, or `None` if `sys.getrefcount` does not
+/// count references (replaced by something else): then nothing is reused.
+fn probe(py: Python<'_>) -> PyResult<Option<&Probe>> {
+    let p = PROBE.get_or_try_init(py, || -> PyResult<Option<Probe>> {
         let getrefcount = py.import("sys")?.getattr("getrefcount")?.unbind();
+        let getweakrefcount = py.import("weakref")?.getattr("getweakrefcount")?.unbind();
+        let count = |o: &Bound<'_, PyAny>| -> PyResult<isize> {
+            getrefcount.bind(py).call1((o,))?.extract()
+        };
         let owned: Py<PyAny> = PyList::empty(py).into_any().unbind();
-        let sole = getrefcount.bind(py).call1((owned.bind(py),))?.extract()?;
-        Ok(Probe { getrefcount, sole })
-    })
+        let sole = count(owned.bind(py))?;
+        let second = owned.clone_ref(py);
+        let with_second = count(owned.bind(py))?;
+        drop(second);
+        let valid = sole > 0 && with_second == sole + 1 && count(owned.bind(py))? == sole;
+        Ok(valid.then_some(Probe {
+            getrefcount,
+            getweakrefcount,
+            sole,
+        }))
+    })?;
+    Ok(p.as_ref())
 }
 
-fn sole_owner(py: Python<'_>, p: &Probe, buf: &Py<PyArray1<u8>>) -> bool {
-    p.getrefcount
+/// What holds a cached buffer besides the cache.
+#[derive(PartialEq)]
+enum Holders {
+    /// Nothing: free to hand out again.
+    None,
+    /// Only weak references: let it go (they die with it, as without a cache).
+    Weak,
+    /// A strong reference: in use.
+    Strong,
+}
+
+fn holders(py: Python<'_>, p: &Probe, buf: &Py<PyArray1<u8>>) -> Holders {
+    let b = buf.bind(py);
+    let strong = p
+        .getrefcount
         .bind(py)
-        .call1((buf.bind(py),))
-        .and_then(|c| c.extract::<isize>())
-        .is_ok_and(|c| c == p.sole)
+        .call1((b,))
+        .and_then(|c| c.extract::<isize>());
+    if !strong.is_ok_and(|c| c == p.sole) {
+        return Holders::Strong;
+    }
+    let weak = p
+        .getweakrefcount
+        .bind(py)
+        .call1((b,))
+        .and_then(|c| c.extract::<isize>());
+    match weak {
+        Ok(0) => Holders::None,
+        Ok(_) => Holders::Weak,
+        Err(_) => Holders::Strong,
+    }
 }
 
 /// `numpy.zeros(n, descr)`: NumPy's own allocation, or its `MemoryError`.
@@ -96,8 +151,48 @@ fn zeros<'py>(
     zeros.bind(py).call1((n, descr))
 }
 
-fn zero_bytes(py: Python<'_>, bytes: usize) -> PyResult<Bound<'_, PyArray1<u8>>> {
-    Ok(zeros(py, bytes, &numpy::dtype::<u8>(py))?.cast_into::<PyArray1<u8>>()?)
+/// [`zeros`], and if NumPy cannot allocate, once more after letting go of
+/// every free cached buffer.
+fn zeros_or_release<'py>(
+    py: Python<'py>,
+    n: usize,
+    descr: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match zeros(py, n, descr) {
+        Err(e) if e.is_instance_of::<PyMemoryError>(py) => {
+            if release_free(py)? == 0 {
+                return Err(e);
+            }
+            zeros(py, n, descr)
+        }
+        r => r,
+    }
+}
+
+/// Let go of every cached buffer nothing else holds; the bytes released.
+fn release_free(py: Python<'_>) -> PyResult<usize> {
+    let Some(p) = probe(py)? else {
+        return Ok(0);
+    };
+    let mut dropped = Vec::new();
+    if let Ok(mut cache) = CACHE.try_lock() {
+        let mut i = 0;
+        while i < cache.entries.len() {
+            if holders(py, p, &cache.entries[i].buf) != Holders::Strong {
+                dropped.push(cache.entries.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+    }
+    let bytes = dropped.iter().map(|e| e.bytes).sum();
+    drop(dropped);
+    Ok(bytes)
+}
+
+fn set_writeable(buf: &Bound<'_, PyArray1<u8>>, on: bool) -> PyResult<()> {
+    buf.call_method1("setflags", (on,))?;
+    Ok(())
 }
 
 /// Whether an output of `bytes` bytes goes through the cache.
@@ -105,53 +200,66 @@ fn cacheable(bytes: usize) -> bool {
     bytes >= MIN_BYTES && bytes <= CAPACITY.load(Ordering::Relaxed)
 }
 
-/// A writable 1-D byte buffer of exactly `bytes` (cacheable) bytes for an
+/// A writable 1-D byte buffer of at least `bytes` (cacheable) bytes for an
 /// output that the caller overwrites completely: recycled if the cache has a
-/// free one of that size, else newly allocated (zero-filled) and, if it fits,
-/// cached.
-fn buffer(py: Python<'_>, bytes: usize) -> PyResult<Bound<'_, PyArray1<u8>>> {
+/// free one of that size (up to a quarter more), else newly allocated
+/// (zero-filled) and, if it fits, cached.
+fn buffer<'py>(py: Python<'py>, p: &Probe, bytes: usize) -> PyResult<Bound<'py, PyArray1<u8>>> {
     let capacity = CAPACITY.load(Ordering::Relaxed);
-    let p = probe(py)?;
+    let u8s = numpy::dtype::<u8>(py);
+    let fresh = |py: Python<'py>| -> PyResult<Bound<'py, PyArray1<u8>>> {
+        Ok(zeros_or_release(py, bytes, &u8s)?.cast_into::<PyArray1<u8>>()?)
+    };
     let Ok(mut cache) = CACHE.try_lock() else {
-        return zero_bytes(py, bytes);
+        return fresh(py);
     };
     cache.clock += 1;
     let now = cache.clock;
-    if let Some(e) = cache
-        .entries
-        .iter_mut()
-        .find(|e| e.bytes == bytes && sole_owner(py, p, &e.buf))
-    {
-        e.last_used = now;
-        return Ok(e.buf.bind(py).clone());
+    // One scan: who holds each buffer (weakly held ones are let go of).
+    let mut states = Vec::with_capacity(cache.entries.len());
+    for e in &cache.entries {
+        states.push(holders(py, p, &e.buf));
+    }
+    let mut released = Vec::new();
+    for i in (0..states.len()).rev() {
+        if states[i] == Holders::Weak {
+            released.push(cache.entries.swap_remove(i));
+            states.swap_remove(i);
+        }
+    }
+    let hit = (0..cache.entries.len())
+        .filter(|&i| states[i] == Holders::None)
+        .filter(|&i| (bytes..=bytes + bytes / 4).contains(&cache.entries[i].bytes))
+        .min_by_key(|&i| cache.entries[i].bytes);
+    if let Some(i) = hit {
+        cache.entries[i].last_used = now;
+        let buf = cache.entries[i].buf.bind(py).clone();
+        drop(cache);
+        drop(released);
+        return Ok(buf);
     }
     // A miss: make room by letting go of the least recently used free buffers.
-    let mut evicted = Vec::new();
-    while cache.entries.len() >= MAX_ENTRIES
-        || cache.entries.iter().map(|e| e.bytes).sum::<usize>() + bytes > capacity
-    {
-        let victim = cache
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| sole_owner(py, p, &e.buf))
-            .min_by_key(|(_, e)| e.last_used)
-            .map(|(i, _)| i);
+    let used = |c: &Cache| c.entries.iter().map(|e| e.bytes).sum::<usize>();
+    while cache.entries.len() >= MAX_ENTRIES || used(&cache) + bytes > capacity {
+        let victim = (0..cache.entries.len())
+            .filter(|&i| states[i] == Holders::None)
+            .min_by_key(|&i| cache.entries[i].last_used);
         match victim {
-            Some(i) => evicted.push(cache.entries.swap_remove(i)),
+            Some(i) => {
+                released.push(cache.entries.swap_remove(i));
+                states.swap_remove(i);
+            }
             None => break,
         }
     }
-    let room = cache.entries.len() < MAX_ENTRIES
-        && cache.entries.iter().map(|e| e.bytes).sum::<usize>() + bytes <= capacity;
+    let room = cache.entries.len() < MAX_ENTRIES && used(&cache) + bytes <= capacity;
     drop(cache);
     // Free before allocating, outside the lock (a dealloc can run Python code).
-    drop(evicted);
-    let buf = zero_bytes(py, bytes)?;
+    drop(released);
+    let buf = fresh(py)?;
     if room {
         if let Ok(mut cache) = CACHE.try_lock() {
-            let used: usize = cache.entries.iter().map(|e| e.bytes).sum();
-            if cache.entries.len() < MAX_ENTRIES && used + bytes <= capacity {
+            if cache.entries.len() < MAX_ENTRIES && used(&cache) + bytes <= capacity {
                 cache.entries.push(Entry {
                     buf: buf.clone().unbind(),
                     bytes,
@@ -171,38 +279,47 @@ pub(crate) fn output<'py>(
     n: usize,
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let bytes = match n.checked_mul(descr.itemsize()) {
-        Some(b) if cacheable(b) => b,
-        _ => return zeros(py, n, descr),
+    let bytes = match (n.checked_mul(descr.itemsize()), probe(py)?) {
+        (Some(b), Some(p)) if cacheable(b) => (b, p),
+        _ => return zeros_or_release(py, n, descr),
     };
-    let buf = buffer(py, bytes)?;
-    if buf.len() != bytes {
+    let (bytes, p) = bytes;
+    let buf = buffer(py, p, bytes)?;
+    if buf.len() < bytes {
         return Err(pyo3::exceptions::PyRuntimeError::new_err(
-            "recycled output buffer has the wrong size",
+            "recycled output buffer is too small",
         ));
     }
-    buf.call_method1("view", (descr,))
+    // Writable for this view only; read-only again while handed out.
+    set_writeable(&buf, true)?;
+    let out = if buf.len() == bytes {
+        buf.call_method1("view", (descr,))?
+    } else {
+        buf.get_item(pyo3::types::PySlice::new(py, 0, bytes as isize, 1))?
+            .call_method1("view", (descr,))?
+    };
+    set_writeable(&buf, false)?;
+    Ok(out)
 }
 
 /// Set the cache's capacity in bytes (0 turns it off). Buffers beyond the new
 /// capacity are let go of, free ones first; buffers still in use stay valid.
 pub(crate) fn set_capacity(py: Python<'_>, bytes: usize) -> PyResult<()> {
     CAPACITY.store(bytes, Ordering::Relaxed);
-    let p = probe(py)?;
     let mut dropped = Vec::new();
-    if let Ok(mut cache) = CACHE.try_lock() {
+    if let (Some(p), Ok(mut cache)) = (probe(py)?, CACHE.try_lock()) {
         let mut used: usize = cache.entries.iter().map(|e| e.bytes).sum();
         // Free ones first (in LRU order), then the ones in use.
         let mut order: Vec<(bool, u64, usize)> = cache
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (!sole_owner(py, p, &e.buf), e.last_used, i))
+            .map(|(i, e)| (holders(py, p, &e.buf) == Holders::Strong, e.last_used, i))
             .collect();
         order.sort_unstable();
         let mut remove = Vec::new();
         for (_, _, i) in order {
-            if used <= bytes && cache.entries.len() - remove.len() <= MAX_ENTRIES {
+            if used <= bytes {
                 break;
             }
             used -= cache.entries[i].bytes;
@@ -224,7 +341,9 @@ pub(crate) fn capacity() -> usize {
 
 /// `(buffers, bytes, free bytes)` the cache holds now.
 pub(crate) fn usage(py: Python<'_>) -> PyResult<(usize, usize, usize)> {
-    let p = probe(py)?;
+    let Some(p) = probe(py)? else {
+        return Ok((0, 0, 0));
+    };
     let Ok(cache) = CACHE.try_lock() else {
         return Ok((0, 0, 0));
     };
@@ -232,7 +351,7 @@ pub(crate) fn usage(py: Python<'_>) -> PyResult<(usize, usize, usize)> {
     let free = cache
         .entries
         .iter()
-        .filter(|e| sole_owner(py, p, &e.buf))
+        .filter(|e| holders(py, p, &e.buf) == Holders::None)
         .map(|e| e.bytes)
         .sum();
     Ok((cache.entries.len(), bytes, free))
@@ -240,7 +359,9 @@ pub(crate) fn usage(py: Python<'_>) -> PyResult<(usize, usize, usize)> {
 
 /// Fill the lazy caches at import (see `arrays::warm_up`).
 pub(crate) fn warm_up(py: Python<'_>) -> PyResult<()> {
-    probe(py)?;
-    zero_bytes(py, 0)?;
+    if probe(py)?.is_none() {
+        CAPACITY.store(0, Ordering::Relaxed);
+    }
+    zeros(py, 0, &numpy::dtype::<u8>(py))?;
     Ok(())
 }
