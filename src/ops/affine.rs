@@ -439,6 +439,11 @@ fn codes_run<T: Float>(isa: Isa, x: &[T], a: Affine, codes: &mut CodesMut<'_>, s
 
 /// Quantize a run and append its codes to an int4 writer, a stage at a time.
 fn int4_run<T: Float>(isa: Isa, x: &[T], a: Affine, w: &mut Int4Writer<'_>, scratch: &mut Scratch) {
+    if let Some(xf) = T::as_f32_slice(x) {
+        // Packed from registers, no stage: int4 per channel at 4096 x 4096, one
+        // thread, went from 1.14x to 1.06-1.11x of int8's time.
+        return w.write_affine_f32(isa, xf, a);
+    }
     let mut codes = std::mem::take(&mut scratch.codes);
     codes.resize(STAGE.min(x.len()), 0);
     for xs in x.chunks(STAGE) {

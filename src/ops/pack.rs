@@ -2,7 +2,7 @@
 //! nibble of byte `i`, element `2i + 1` in the high nibble, two's complement;
 //! the high nibble of an odd-length array's last byte is 0 (SPEC §2).
 
-use crate::simd::{self, Isa};
+use crate::simd::{self, Affine, Isa, Store};
 
 /// Bytes that hold `n` packed int4 codes: `ceil(n / 2)`.
 pub fn packed_len(n: usize) -> usize {
@@ -47,6 +47,32 @@ impl<'a> Int4Writer<'a> {
     }
 }
 
+impl Int4Writer<'_> {
+    /// Append the affine int4 codes of f32 values (the codes
+    /// `simd::affine_quantize_f32` gives), pairs packed straight from registers.
+    pub fn write_affine_f32(&mut self, isa: Isa, x: &[f32], a: Affine) {
+        let mut x = x;
+        let mut one = [0i8; 1];
+        if self.pos % 2 == 1 {
+            if let Some((first, rest)) = x.split_first() {
+                let v = std::slice::from_ref(first);
+                simd::affine_quantize_f32(isa, v, a, &mut one, Store::Cached);
+                self.write(isa, &one);
+                x = rest;
+            }
+        }
+        let pairs = x.len() / 2;
+        let at = self.pos / 2;
+        simd::affine_quantize_int4_f32(isa, &x[..2 * pairs], a, &mut self.out[at..at + pairs]);
+        self.pos += 2 * pairs;
+        if let Some(last) = x.get(2 * pairs) {
+            let v = std::slice::from_ref(last);
+            simd::affine_quantize_f32(isa, v, a, &mut one, Store::Cached);
+            self.write(isa, &one);
+        }
+    }
+}
+
 /// Unpack elements `start .. start + out.len()` of a packed array.
 pub fn unpack_range(isa: Isa, packed: &[u8], start: usize, out: &mut [i8]) {
     let mut pos = start;
@@ -82,6 +108,28 @@ mod tests {
                 assert_eq!(split, whole, "cut {cut}");
             }
             assert_eq!(whole[50] >> 4, 0, "odd tail's high nibble is 0");
+            // Codes computed from f32 and packed from registers, from any position.
+            let x: Vec<f32> = (0..101)
+                .map(|i| ((i * 37) % 29) as f32 * 0.5 - 7.0)
+                .collect();
+            let a = Affine {
+                inv: 0.5,
+                zp: 0.0,
+                qmin: -8.0,
+                qmax: 7.0,
+                max_abs: 7.0,
+            };
+            let mut codes8 = vec![0i8; x.len()];
+            simd::affine_quantize_f32(Isa::Scalar, &x, a, &mut codes8, Store::Cached);
+            let mut want = vec![0u8; packed_len(x.len())];
+            Int4Writer::new(&mut want, 0).write(Isa::Scalar, &codes8);
+            for cut in [0, 1, 2, 3, 33, 64, 100, 101] {
+                let mut got = vec![0u8; packed_len(x.len())];
+                let mut w = Int4Writer::new(&mut got, 0);
+                w.write_affine_f32(isa, &x[..cut], a);
+                w.write_affine_f32(isa, &x[cut..], a);
+                assert_eq!(got, want, "f32 cut {cut}");
+            }
             for start in [0, 1, 2, 7, 50, 100] {
                 for len in [0, 1, 2, 3, 40, 101 - start] {
                     let len = len.min(101 - start);

@@ -262,6 +262,51 @@ unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool>(
     }
 }
 
+/// The 8 packed bytes of 16 int4 codes held as i32 lanes (low 8 bytes of the
+/// result): each 64-bit lane's `lo & 15 | (hi & 15) << 4`.
+#[inline(always)]
+unsafe fn nibble_pairs(q: __m512i) -> __m128i {
+    // SAFETY: AVX-512F per the caller; register operations only.
+    unsafe {
+        let t = _mm512_and_si512(q, _mm512_set1_epi64(0x0000_000f_0000_000f));
+        _mm512_cvtepi64_epi8(_mm512_or_si512(t, _mm512_srli_epi64::<28>(t)))
+    }
+}
+
+/// `affine_quantize_int4_f32`: 32 values a step, coded as 16-lane i32 vectors
+/// and packed in registers (each 64-bit lane holds an even and an odd code:
+/// `lo & 15 | (hi & 15) << 4` is its low byte), the rest through a stage.
+#[inline(always)]
+unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool>(
+    x: &[f32],
+    a: Affine,
+    out: &mut [u8],
+    fast: &FastLanes,
+) {
+    let n = (x.len() / 2).min(out.len());
+    let (x, out) = (&x[..2 * n], &mut out[..n]);
+    // SAFETY: AVX-512F/BW per the caller; each step reads `x[32k..32k + 32]`
+    // and writes `out[16k..16k + 16]` of exact chunks; the rest goes through
+    // the staged default on the remainders.
+    unsafe {
+        let exact = AffineLanes::new(a);
+        let mut xc = x.chunks_exact(32);
+        let mut oc = out.chunks_exact_mut(16);
+        for (c, o) in (&mut xc).zip(&mut oc) {
+            let lo = affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr()), fast, &exact);
+            let hi =
+                affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr().add(16)), fast, &exact);
+            let bytes = _mm_unpacklo_epi64(nibble_pairs(lo), nibble_pairs(hi));
+            _mm_storeu_si128(o.as_mut_ptr().cast(), bytes);
+        }
+        let (xr, or) = (xc.remainder(), oc.into_remainder());
+        let mut codes = [0i8; 32];
+        let cs = &mut codes[..xr.len()];
+        quantize_f32_run::<RANGE, CLAMP>(xr, a, cs, Store::Cached, fast);
+        Avx512::pack_int4(cs, or);
+    }
+}
+
 /// Two halves of 8 i32 lanes as one vector of 16.
 #[inline(always)]
 unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
@@ -516,6 +561,21 @@ impl Kernels for Avx512 {
                 (false, true) => quantize_f32_run::<false, true>(x, a, out, store, &fast),
                 (true, false) => quantize_f32_run::<true, false>(x, a, out, store, &fast),
                 (true, true) => quantize_f32_run::<true, true>(x, a, out, store, &fast),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32(x: &[f32], a: Affine, out: &mut [u8]) {
+        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract); the loop
+        // variant only drops checks `FastLanes` proved cannot fire.
+        unsafe {
+            let fast = FastLanes::new(a);
+            match (fast.check_range, fast.clamp) {
+                (false, false) => quantize_int4_f32_run::<false, false>(x, a, out, &fast),
+                (false, true) => quantize_int4_f32_run::<false, true>(x, a, out, &fast),
+                (true, false) => quantize_int4_f32_run::<true, false>(x, a, out, &fast),
+                (true, true) => quantize_int4_f32_run::<true, true>(x, a, out, &fast),
             }
         }
     }

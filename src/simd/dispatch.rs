@@ -187,6 +187,10 @@ primitive!(
     pack_int4(q: &[i8], out: &mut [u8]) -> ()
 );
 primitive!(
+    /// Affine int4 codes of f32 pairs, packed two a byte (low nibble first).
+    affine_quantize_int4_f32(x: &[f32], a: Affine, out: &mut [u8]) -> ()
+);
+primitive!(
     /// Unpack bytes into sign-extended int4 codes (low nibble first).
     unpack_int4(p: &[u8], out: &mut [i8]) -> ()
 );

@@ -211,6 +211,22 @@ pub(crate) trait Kernels {
     /// Pack pairs of 4-bit two's-complement codes: `out[i] = (q[2i] & 15) |
     /// (q[2i+1] & 15) << 4`, over `min(q.len() / 2, out.len())` bytes.
     unsafe fn pack_int4(q: &[i8], out: &mut [u8]);
+    /// Affine int4 codes of f32 pairs, packed: `out[i]` holds the codes of
+    /// `x[2i]` (low nibble) and `x[2i + 1]`, over `min(x.len() / 2, out.len())`
+    /// bytes; as `affine_quantize_f32` then `pack_int4`, without the stage.
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32(x: &[f32], a: Affine, out: &mut [u8]) {
+        let n = (x.len() / 2).min(out.len());
+        let mut codes = [0i8; 64];
+        for (xs, os) in x[..2 * n].chunks(64).zip(out[..n].chunks_mut(32)) {
+            let cs = &mut codes[..xs.len()];
+            // SAFETY: forwarded from this function's contract.
+            unsafe {
+                Self::affine_quantize_f32(xs, a, cs, Store::Cached);
+                Self::pack_int4(cs, os);
+            }
+        }
+    }
     /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
     /// the high one, over `min(p.len(), out.len() / 2)` bytes.
     unsafe fn unpack_int4(p: &[u8], out: &mut [i8]);

@@ -156,6 +156,13 @@ fn primitives_match_scalar_on_every_isa() {
                 simd::affine_quantize_f32(Isa::Scalar, &xf, a, &mut q, Store::Cached);
                 assert_eq!(p, q, "f32 data-driven {isa:?} n {n} {a:?}");
                 assert!(q.iter().all(|&c| (c as f64).abs() <= qm));
+                if qm == 7.0 {
+                    // Packed straight from registers: the scalar codes, packed.
+                    let (mut packed, mut want) = (vec![0x55u8; n / 2 + 1], vec![0x55u8; n / 2 + 1]);
+                    simd::affine_quantize_int4_f32(isa, &xf, a, &mut packed);
+                    simd::pack_int4(Isa::Scalar, &q, &mut want[..n / 2]);
+                    assert_eq!(packed, want, "int4 packed {isa:?} n {n}");
+                }
             }
             for a in params {
                 let (mut p, mut q) = (vec![0i8; n], vec![0i8; n]);
