@@ -14,11 +14,9 @@
 use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::parallel;
-use crate::simd::{self, AbsmaxRule, Isa, F32_INF_BITS};
-use crate::stage::STAGE;
+use crate::ops::drive::{split_dequantize, split_quantize};
+use crate::simd::{AbsmaxRule, Isa};
 use half::f16;
-use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 /// Seed 000's scale rule: `max_abs / 127`, 1.0 for an all-zero block, codes in ±127.
 pub const RULE: AbsmaxRule = AbsmaxRule {
@@ -118,173 +116,10 @@ pub fn quantize_blockwise_with<T: Float>(
         return Err(QuantError::len_mismatch("scales", nb, scales.len()));
     }
     let outcome = parallel::run(n, |par| match scales {
-        ScalesMut::F16(s) => split_quantize(isa, x, block_size, codes, s, par),
-        ScalesMut::F32(s) => split_quantize(isa, x, block_size, codes, s, par),
+        ScalesMut::F16(s) => split_quantize(isa, x, block_size, RULE, codes, s, par),
+        ScalesMut::F32(s) => split_quantize(isa, x, block_size, RULE, codes, s, par),
     });
     outcome.into_result()
-}
-
-/// How one task (a run of whole blocks) ended. Tasks never stop at a scale
-/// overflow, only at a non-finite value, so the combined outcome is the same
-/// whatever the split: the first non-finite index if any, else the first
-/// overflowing block.
-#[derive(Debug, Clone, Copy, Default)]
-struct Outcome {
-    non_finite: Option<usize>,
-    overflow: Option<(usize, f32)>,
-    lossy: usize,
-}
-
-impl Outcome {
-    fn merge(self, later: Outcome) -> Outcome {
-        Outcome {
-            non_finite: self.non_finite.or(later.non_finite),
-            overflow: self.overflow.or(later.overflow),
-            lossy: self.lossy + later.lossy,
-        }
-    }
-
-    fn into_result(self) -> Result<BlockwiseReport> {
-        if let Some(index) = self.non_finite {
-            return Err(QuantError::NonFinite { arg: "x", index });
-        }
-        if let Some((block, scale)) = self.overflow {
-            return Err(QuantError::ScaleOverflow { block, scale });
-        }
-        Ok(BlockwiseReport {
-            lossy_blocks: self.lossy,
-        })
-    }
-}
-
-/// A stored scale type: converts the f32 scales and notes overflow / precision
-/// loss. Reading them back for dequantization is [`Float::convert_to_f32`].
-trait ScaleStore: Float {
-    /// Store `src` into `dst`; `first_block` is `src[0]`'s global block index.
-    fn store(src: &[f32], dst: &mut [Self], first_block: usize, out: &mut Outcome);
-}
-
-impl ScaleStore for f32 {
-    fn store(src: &[f32], dst: &mut [f32], _: usize, _: &mut Outcome) {
-        dst.copy_from_slice(src);
-    }
-}
-
-impl ScaleStore for f16 {
-    fn store(src: &[f32], dst: &mut [f16], first_block: usize, out: &mut Outcome) {
-        dst.convert_from_f32_slice(src);
-        for (i, h) in dst.iter().enumerate() {
-            if h.is_infinite() {
-                out.overflow = out.overflow.or(Some((first_block + i, src[i])));
-            } else if !h.is_normal() {
-                // The scale is 1.0 for an all-zero block, so a subnormal or
-                // zero f16 scale always means max_abs > 0 lost precision.
-                out.lossy += 1;
-            }
-        }
-    }
-}
-
-fn split_quantize<T: Float, S: ScaleStore>(
-    isa: Isa,
-    x: &[T],
-    bs: usize,
-    codes: &mut [i8],
-    scales: &mut [S],
-    par: bool,
-) -> Outcome {
-    if !par {
-        return quantize_task(isa, x, bs, codes, scales, 0);
-    }
-    let per_task = parallel::units_per_task(scales.len(), bs);
-    x.par_chunks(per_task * bs)
-        .zip(codes.par_chunks_mut(per_task * bs))
-        .zip(scales.par_chunks_mut(per_task))
-        .enumerate()
-        .map(|(t, ((xt, ct), st))| quantize_task(isa, xt, bs, ct, st, t * per_task))
-        .reduce(Outcome::default, Outcome::merge)
-}
-
-/// Quantize a run of whole blocks starting at global block `first_block`.
-fn quantize_task<T: Float, S: ScaleStore>(
-    isa: Isa,
-    x: &[T],
-    bs: usize,
-    codes: &mut [i8],
-    scales: &mut [S],
-    first_block: usize,
-) -> Outcome {
-    let mut out = Outcome::default();
-    // Blocks are handled in groups whose f32 scales fit a small buffer.
-    let group = (STAGE / bs).clamp(1, 1024);
-    let mut tmp = [0f32; 1024];
-    let mut stage = if T::as_f32_slice(x).is_some() {
-        Vec::new()
-    } else {
-        vec![0f32; STAGE.min(group * bs).min(x.len())]
-    };
-    let groups = x
-        .chunks(group * bs)
-        .zip(codes.chunks_mut(group * bs))
-        .zip(scales.chunks_mut(group));
-    for (g, ((xg, cg), sg)) in groups.enumerate() {
-        let tmp = &mut tmp[..sg.len()];
-        let done = quantize_group(isa, xg, bs, cg, tmp, &mut stage);
-        let base_elem = (first_block + g * group) * bs;
-        if let Err(i) = done {
-            out.non_finite = Some(base_elem + i);
-            return out;
-        }
-        S::store(tmp, sg, first_block + g * group, &mut out);
-    }
-    out
-}
-
-/// Quantize one group of blocks to codes and f32 scales; `Err(i)` is the
-/// group-relative index of the first non-finite value.
-fn quantize_group<T: Float>(
-    isa: Isa,
-    x: &[T],
-    bs: usize,
-    codes: &mut [i8],
-    scales: &mut [f32],
-    stage: &mut [f32],
-) -> std::result::Result<(), usize> {
-    if let Some(xf) = T::as_f32_slice(x) {
-        return simd::absmax_blocks(isa, xf, bs, RULE, codes, scales);
-    }
-    if x.len() <= stage.len() {
-        // The whole group fits the stage: convert once, run the f32 kernel.
-        let st = &mut stage[..x.len()];
-        T::convert_to_f32(isa, x, st);
-        return simd::absmax_blocks(isa, st, bs, RULE, codes, scales);
-    }
-    // One block larger than the stage: two passes over it, converting a
-    // stage-full at a time, so no block is ever up-cast whole.
-    debug_assert_eq!(scales.len(), 1);
-    let mut max_bits = 0u32;
-    let step = stage.len();
-    for (k, xs) in x.chunks(step).enumerate() {
-        let st = &mut stage[..xs.len()];
-        T::convert_to_f32(isa, xs, st);
-        let m = simd::absmax_bits(isa, st);
-        if m >= F32_INF_BITS {
-            return Err(k * step + simd::scalar::first_non_finite(st));
-        }
-        max_bits = max_bits.max(m);
-    }
-    let scale = RULE.scale(f32::from_bits(max_bits));
-    scales[0] = scale;
-    if scale > 0.0 {
-        for (xs, cs) in x.chunks(step).zip(codes.chunks_mut(step)) {
-            let st = &mut stage[..xs.len()];
-            T::convert_to_f32(isa, xs, st);
-            simd::quantize_scaled(isa, st, scale, RULE.clip, cs);
-        }
-    } else {
-        codes.fill(0);
-    }
-    Ok(())
 }
 
 /// Dequantize blockwise codes: `out[i] = codes[i] as f32 * f32(scales[i / block_size])`.
@@ -327,48 +162,10 @@ pub fn dequantize_blockwise_with(
     Ok(())
 }
 
-fn split_dequantize<S: ScaleStore>(
-    isa: Isa,
-    codes: &[i8],
-    bs: usize,
-    scales: &[S],
-    out: &mut [f32],
-    par: bool,
-) {
-    if !par {
-        return dequantize_task(isa, codes, bs, scales, out);
-    }
-    let per_task = parallel::units_per_task(scales.len(), bs);
-    codes
-        .par_chunks(per_task * bs)
-        .zip(scales.par_chunks(per_task))
-        .zip(out.par_chunks_mut(per_task * bs))
-        .for_each(|((c, s), o)| dequantize_task(isa, c, bs, s, o));
-}
-
-fn dequantize_task<S: ScaleStore>(
-    isa: Isa,
-    codes: &[i8],
-    bs: usize,
-    scales: &[S],
-    out: &mut [f32],
-) {
-    let group = (STAGE / bs).clamp(1, 1024);
-    let mut tmp = [0f32; 1024];
-    let groups = codes
-        .chunks(group * bs)
-        .zip(scales.chunks(group))
-        .zip(out.chunks_mut(group * bs));
-    for ((cg, sg), og) in groups {
-        let tmp = &mut tmp[..sg.len()];
-        S::convert_to_f32(isa, sg, tmp);
-        simd::scaled_blocks_dequantize(isa, cg, bs, tmp, og);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stage::STAGE;
     use half::bf16;
 
     fn q16(x: &[f32], bs: usize) -> Result<(Vec<i8>, Vec<f16>, BlockwiseReport)> {

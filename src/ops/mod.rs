@@ -9,4 +9,5 @@
 
 pub mod affine;
 pub mod blockwise;
+pub(crate) mod drive;
 pub mod pack;
