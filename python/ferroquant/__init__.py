@@ -32,7 +32,24 @@ from .affine import (
     quantize,
     quantize_named_parameters,
 )
+from .bitnet import (
+    BitNetConfig,
+    QuantizedActivations,
+    dequantize_activations,
+    quantize_activations,
+    quantize_ste,
+)
 from .blockwise import BlockwiseQuantized, dequantize_blockwise, quantize_blockwise
+from .dynamic import (
+    DynQuantTensor,
+    MaxAbs,
+    Percentile,
+    compute_scale,
+    dynamic_quantize_int4,
+    dynamic_quantize_int8,
+    dynamic_quantize_int8_per_row,
+    quantization_mae,
+)
 from .errors import (
     EmptyInputError,
     FormatError,
@@ -42,39 +59,54 @@ from .errors import (
     QuantizationError,
     ShapeMismatchError,
 )
-from .quantizers import Affine, Blockwise8
+from .quantizers import Affine, BitNetAct, Blockwise8, Dynamic
 from .registry import Quantizer, get_quantizer, list_quantizers, register_quantizer
 from .serialization import load, load_bytes, save, save_bytes
 
 __all__ = [
     "Affine",
+    "BitNetAct",
+    "BitNetConfig",
     "Blockwise8",
     "BlockwiseQuantized",
+    "DynQuantTensor",
+    "Dynamic",
     "EmptyInputError",
     "FormatError",
     "InvalidConfigError",
+    "MaxAbs",
     "NonFiniteError",
+    "Percentile",
     "PrecisionWarning",
     "QuantConfig",
     "QuantStats",
     "QuantizationError",
+    "QuantizedActivations",
     "QuantizedLinear",
     "QuantizedTensor",
     "Quantizer",
     "ShapeMismatchError",
     "__version__",
+    "compute_scale",
     "dequantize",
+    "dequantize_activations",
     "dequantize_blockwise",
+    "dynamic_quantize_int4",
+    "dynamic_quantize_int8",
+    "dynamic_quantize_int8_per_row",
     "get_num_threads",
     "get_output_cache",
     "get_quantizer",
     "list_quantizers",
     "load",
     "load_bytes",
+    "quantization_mae",
     "quantization_stats",
     "quantize",
+    "quantize_activations",
     "quantize_blockwise",
     "quantize_named_parameters",
+    "quantize_ste",
     "register_quantizer",
     "save",
     "save_bytes",

@@ -34,6 +34,17 @@ def f32_ratio(original: int, compressed: int) -> float:
     return float(np.float32(original) / np.float32(compressed))
 
 
+def unpack_int4(data: np.ndarray, n: int) -> np.ndarray:
+    """Sign-extended int4 nibbles of ``data``, low nibble first, ``n`` values."""
+    lo = (data & 0x0F).astype(np.int8)
+    hi = (data >> 4).astype(np.int8)
+    out = np.empty(2 * data.size, np.int8)
+    out[0::2] = lo
+    out[1::2] = hi
+    out = (out ^ 8) - 8
+    return out[:n].astype(np.int8)
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, tuple):
         return [_jsonable(x) for x in v]

@@ -1,20 +1,24 @@
 # Hand-written stub of the native module, checked by `python -m mypy.stubtest`.
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "__version__",
+    "compute_scale",
     "dequantize_affine",
     "dequantize_blockwise",
+    "dequantize_groups",
     "env_warnings",
     "get_num_threads",
     "get_output_cache",
     "output_cache_usage",
     "parse_safetensors_header",
     "quantize_affine",
+    "quantize_bitnet",
     "quantize_blockwise",
+    "quantize_dynamic",
     "set_num_threads",
     "set_output_cache",
     "simd_isa",
@@ -53,3 +57,17 @@ def get_output_cache() -> int: ...
 def output_cache_usage() -> Tuple[int, int, int]: ...
 def simd_isa() -> str: ...
 def supported_isas() -> List[str]: ...
+def compute_scale(x: npt.NDArray[np.floating], clip_val: float, p: Optional[float]) -> float: ...
+def quantize_dynamic(
+    x: npt.NDArray[np.floating], format: str, p: Optional[float]
+) -> Tuple[npt.NDArray[np.integer], npt.NDArray[np.float32]]: ...
+def dequantize_groups(
+    data: npt.NDArray[np.integer],
+    n: int,
+    group: int,
+    scales: npt.NDArray[np.float32],
+    int4: bool,
+) -> npt.NDArray[np.float32]: ...
+def quantize_bitnet(
+    x: npt.NDArray[np.floating], groups: int, bits: int
+) -> Tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...

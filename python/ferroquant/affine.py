@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Dict, Iterable, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized
+from ._base import Quantized, unpack_int4
 from ._checks import (
     float_input,
     held,
@@ -183,17 +183,6 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def _unpack(data: np.ndarray, n: int) -> np.ndarray:
-    """Sign-extended int4 nibbles of ``data``, low nibble first, ``n`` values."""
-    lo = (data & 0x0F).astype(np.int8)
-    hi = (data >> 4).astype(np.int8)
-    out = np.empty(2 * data.size, np.int8)
-    out[0::2] = lo
-    out[1::2] = hi
-    out = (out ^ 8) - 8
-    return out[:n].astype(np.int8)
-
-
 @dataclass(frozen=True, eq=False, repr=False)
 class QuantizedTensor(Quantized):
     """Affine-quantized codes with float64 scales and zero points (SPEC §2).
@@ -254,7 +243,7 @@ class QuantizedTensor(Quantized):
             raise InvalidConfigError("zero_points must be finite integers")
         if config.mode == "symmetric" and zps.size and (zps != 0).any():
             raise InvalidConfigError("zero_points must be 0 for a symmetric config")
-        codes = data if config.bits == 8 else _unpack(data, n)
+        codes = data if config.bits == 8 else unpack_int4(data, n)
         if codes.size and (codes.min() < config.qmin or codes.max() > config.qmax):
             raise InvalidConfigError(
                 f"data must hold codes in {config.qmin}..{config.qmax}, got "
@@ -291,7 +280,7 @@ class QuantizedTensor(Quantized):
         """The codes as ``int8[numel]``, unpacked for int4."""
         if self.config.bits == 8:
             return self.data
-        return readonly(_unpack(self.data, self.numel()))
+        return readonly(unpack_int4(self.data, self.numel()))
 
     def dequantize(self) -> np.ndarray:
         """Values ``(q - zp) * scale`` in the original shape and dtype (:func:`dequantize`)."""

@@ -9,10 +9,19 @@ import numpy as np
 
 from ._checks import is_float_dtype, positive_int, scale_dtype
 from .affine import QuantConfig, QuantizedTensor, dequantize, quantize
+from .bitnet import BitNetConfig, QuantizedActivations, dequantize_activations, quantize_activations
 from .blockwise import BlockwiseQuantized, dequantize_blockwise, quantize_blockwise
+from .dynamic import (
+    DynQuantTensor,
+    MaxAbs,
+    Percentile,
+    dynamic_quantize_int4,
+    dynamic_quantize_int8,
+    dynamic_quantize_int8_per_row,
+)
 from .registry import register_quantizer
 
-__all__ = ["Affine", "Blockwise8"]
+__all__ = ["Affine", "BitNetAct", "Blockwise8", "Dynamic"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +112,99 @@ for _bits in (8, 4):
             register_quantizer(
                 QuantConfig(_bits, _mode, _gran).name, _affine_factory(_bits, _mode, _gran)
             )
+
+
+_DYNAMIC = {
+    "dynamic-int8": ("int8_per_tensor", dynamic_quantize_int8),
+    "dynamic-int8-per-row": ("int8_per_row", dynamic_quantize_int8_per_row),
+    "dynamic-int4": ("int4_per_tensor", dynamic_quantize_int4),
+}
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """``dynamic-int8``, ``dynamic-int8-per-row``, ``dynamic-int4``: seed 002's dynamic
+    quantization (a scale from the values themselves).
+
+    Args:
+        name: one of the three names.
+        percentile: ``None`` for max-abs scales, else ``p`` in (0, 1].
+    """
+
+    name: str = "dynamic-int8"
+    percentile: Optional[float] = None
+    kind: str = field(default="activation", init=False)
+
+    def __post_init__(self) -> None:
+        if self.name not in _DYNAMIC:
+            raise KeyError(f"unknown dynamic scheme {self.name!r}; known: {', '.join(_DYNAMIC)}")
+        mode = MaxAbs() if self.percentile is None else Percentile(self.percentile)
+        object.__setattr__(self, "mode", mode)
+
+    def fits(self, shape: Tuple[int, ...], dtype: np.dtype) -> Optional[str]:
+        """Why an array of this shape and dtype is not quantized with this scheme, or None."""
+        if not is_float_dtype(np.dtype(dtype)):
+            return f"dtype {np.dtype(dtype)} is not floating"
+        if self.name == "dynamic-int8-per-row" and len(shape) != 2:
+            return f"{self.name} needs a 2-D tensor, got {len(shape)}-D"
+        return None
+
+    def quantize(self, x: Any) -> DynQuantTensor:
+        """Quantize with this scheme's function and scale mode."""
+        return _DYNAMIC[self.name][1](x, self.mode)  # type: ignore[attr-defined]
+
+    def dequantize(self, q: Any) -> np.ndarray:
+        """``q.dequantize()`` (TypeError unless a DynQuantTensor)."""
+        if not isinstance(q, DynQuantTensor):
+            raise TypeError(f"q must be a DynQuantTensor, got {type(q).__name__}")
+        return q.dequantize()
+
+
+def _dynamic_factory(name: str) -> Any:
+    def factory(percentile: Optional[float] = None) -> Dynamic:
+        return Dynamic(name, percentile)
+
+    factory.__doc__ = f"The {name} quantizer (percentile=None: max-abs scales)."
+    return factory
+
+
+for _name in _DYNAMIC:
+    register_quantizer(_name, _dynamic_factory(_name))
+
+
+@dataclass(frozen=True)
+class BitNetAct:
+    """``bitnet-act``: seed 003's per-token activation quantization.
+
+    Args:
+        activation_bits: 2..8.
+        per_token_activation: one scale per token (else per batch item).
+    """
+
+    activation_bits: int = 8
+    per_token_activation: bool = True
+    name: str = field(default="bitnet-act", init=False)
+    kind: str = field(default="activation", init=False)
+
+    def __post_init__(self) -> None:
+        cfg = BitNetConfig(self.activation_bits, self.per_token_activation)
+        object.__setattr__(self, "config", cfg)
+
+    def fits(self, shape: Tuple[int, ...], dtype: np.dtype) -> Optional[str]:
+        """Why an array of this shape and dtype is not quantized with this scheme, or None."""
+        if not is_float_dtype(np.dtype(dtype)):
+            return f"dtype {np.dtype(dtype)} is not floating"
+        if len(shape) not in (2, 3):
+            return f"bitnet-act needs a 2-D or 3-D tensor, got {len(shape)}-D"
+        return None
+
+    def quantize(self, x: Any) -> QuantizedActivations:
+        """:func:`ferroquant.quantize_activations` with this quantizer's config."""
+        return quantize_activations(x, self.config)  # type: ignore[attr-defined]
+
+    def dequantize(self, q: Any) -> np.ndarray:
+        """:func:`ferroquant.dequantize_activations`."""
+        return dequantize_activations(q)
+
+
+register_quantizer("bitnet-act", BitNetAct)

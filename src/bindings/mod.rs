@@ -9,6 +9,7 @@
 mod affine;
 mod arrays;
 mod blockwise;
+mod dynamic;
 mod errors;
 mod formats;
 mod recycle;
@@ -28,5 +29,6 @@ fn _ferroquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     formats::register(m)?;
     blockwise::register(m)?;
     affine::register(m)?;
+    dynamic::register(m)?;
     Ok(())
 }

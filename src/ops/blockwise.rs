@@ -13,8 +13,8 @@
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};
-use crate::parallel;
 use crate::ops::drive::{split_dequantize, split_quantize};
+use crate::parallel;
 use crate::simd::{AbsmaxRule, Isa};
 use half::f16;
 

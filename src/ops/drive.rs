@@ -218,4 +218,3 @@ fn dequantize_task<S: ScaleStore>(
         simd::scaled_blocks_dequantize(isa, cg, bs, tmp, og);
     }
 }
-

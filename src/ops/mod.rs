@@ -8,6 +8,8 @@
 //! validation passes, and on error their contents are unspecified.
 
 pub mod affine;
+pub mod bitnet;
 pub mod blockwise;
 pub(crate) mod drive;
+pub mod dynamic;
 pub mod pack;

@@ -7,13 +7,31 @@ with the SPEC's deviations.
 
 from .affine import dequantize_affine, pack_int4, quantize_affine, unpack_int4
 from .blockwise import dequantize_blockwise, quantize_blockwise, round_half_away
+from .dynamic import (
+    bitnet_quantize,
+    calib_stats,
+    compute_scale,
+    dequantize_groups,
+    dynamic_quantize,
+    percentile_rank,
+    quantization_mae,
+    smooth_factors,
+)
 
 __all__ = [
+    "bitnet_quantize",
+    "calib_stats",
+    "compute_scale",
     "dequantize_affine",
     "dequantize_blockwise",
+    "dequantize_groups",
+    "dynamic_quantize",
     "pack_int4",
+    "percentile_rank",
+    "quantization_mae",
     "quantize_affine",
     "quantize_blockwise",
     "round_half_away",
+    "smooth_factors",
     "unpack_int4",
 ]

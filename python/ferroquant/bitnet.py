@@ -1,0 +1,210 @@
+"""BitNet activation quantization (SPEC §4, seed 003): per-token (or per batch item)
+max-abs int8, and the straight-through estimator's fake quantization.
+
+``scale = max|x| / (2^(bits-1) - 1)``, 1.0 for an all-zero group; codes
+``clamp(round(v / scale), -max, max)``; values ``code * scale``, all in float32.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Tuple
+
+import numpy as np
+
+from . import _ferroquant as _native
+from ._base import Quantized, f32_ratio
+from ._checks import float_input, held, readonly, shape_tuple
+from .errors import InvalidConfigError, ShapeMismatchError
+
+__all__ = [
+    "BitNetConfig",
+    "QuantizedActivations",
+    "dequantize_activations",
+    "quantize_activations",
+    "quantize_ste",
+]
+
+
+@dataclass(frozen=True)
+class BitNetConfig:
+    """Seed 003's activation settings.
+
+    Args:
+        activation_bits: 2..8 (codes in ``±(2^(bits-1) - 1)``).
+        per_token_activation: one scale per token (else one per batch item).
+
+    Raises:
+        InvalidConfigError: ``activation_bits`` outside 2..8.
+        TypeError: a setting of the wrong type.
+    """
+
+    activation_bits: int = 8
+    per_token_activation: bool = True
+
+    def __post_init__(self) -> None:
+        b = self.activation_bits
+        if isinstance(b, (bool, np.bool_)):
+            raise TypeError("activation_bits must be an integer, got bool")
+        try:
+            b = operator.index(b)
+        except TypeError:
+            raise TypeError(f"activation_bits must be an integer, got {type(b).__name__}") from None
+        if not 2 <= b <= 8:
+            raise InvalidConfigError(f"activation_bits must be in 2..8, got {b}")
+        if not isinstance(self.per_token_activation, (bool, np.bool_)):
+            raise TypeError(
+                "per_token_activation must be a bool, got "
+                f"{type(self.per_token_activation).__name__}"
+            )
+        object.__setattr__(self, "activation_bits", b)
+        object.__setattr__(self, "per_token_activation", bool(self.per_token_activation))
+
+
+def _dims(shape: Tuple[int, ...], arg: str = "x") -> Tuple[int, int, int]:
+    if len(shape) == 2:
+        return shape[0], 1, shape[1]
+    if len(shape) == 3:
+        return shape[0], shape[1], shape[2]
+    raise InvalidConfigError(
+        f"{arg} must be [batch, hidden] or [batch, seq, hidden], got {len(shape)}-D shape {shape}"
+    )
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, np.ndarray):
+        return f"array of dtype {x.dtype}"
+    return type(x).__name__
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class QuantizedActivations(Quantized):
+    """Seed 003's ``QuantizedActivations``.
+
+    Attributes:
+        data: ``int8`` codes in the input's shape.
+        scales: ``float32``: ``batch·seq`` scales per token, else ``batch``.
+        shape: ``(batch, hidden)`` or ``(batch, seq, hidden)``.
+        per_token: whether scales are per token.
+        bits: the activation bits the codes were made with (2..8).
+    """
+
+    data: np.ndarray
+    scales: np.ndarray
+    shape: Tuple[int, ...]
+    per_token: bool = True
+    bits: int = 8
+
+    scheme: ClassVar[str] = "bitnet-act"
+    _arrays: ClassVar[Tuple[str, ...]] = ("data", "scales")
+    _params: ClassVar[Tuple[str, ...]] = ("shape", "per_token", "bits")
+
+    def __post_init__(self) -> None:
+        shape = shape_tuple(self.shape)
+        b, s, _ = _dims(shape, "shape")
+        cfg = BitNetConfig(self.bits, self.per_token)
+        data, scales = self.data, self.scales
+        if not isinstance(data, np.ndarray) or data.dtype != np.int8:
+            raise TypeError(f"data must be an int8 array, got {_describe(data)}")
+        if not isinstance(scales, np.ndarray) or scales.dtype.newbyteorder("=") != np.float32:
+            raise TypeError(f"scales must be a float32 array, got {_describe(scales)}")
+        if data.shape != shape:
+            raise ShapeMismatchError(f"data: expected shape {shape}, got {data.shape}")
+        k = b * s if cfg.per_token_activation else b
+        if scales.shape != (k,):
+            raise ShapeMismatchError(
+                f"scales: expected shape ({k},) for {shape}, got {scales.shape}"
+            )
+        data, scales = held(data), held(scales)
+        ok = np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)
+        if scales.size and not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
+            raise InvalidConfigError(f"scales must be finite and >= 0, got {scales[bad]} at {bad}")
+        m = (1 << (cfg.activation_bits - 1)) - 1
+        if data.size and (data.min() < -m or data.max() > m):
+            bad = int(np.flatnonzero(np.abs(data.astype(np.int16)).reshape(-1) > m)[0])
+            raise InvalidConfigError(
+                f"data must hold codes in -{m}..{m}, "
+                f"got {int(data.reshape(-1)[bad])} at index {bad}"
+            )
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "per_token", cfg.per_token_activation)
+        object.__setattr__(self, "bits", cfg.activation_bits)
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "scales", scales)
+
+    @property
+    def batch_size(self) -> int:
+        """``shape[0]``."""
+        return self.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        """``shape[1]`` of a 3-D input, 1 for 2-D."""
+        return self.shape[1] if len(self.shape) == 3 else 1
+
+    @property
+    def hidden_dim(self) -> int:
+        """The last dimension."""
+        return self.shape[-1]
+
+    @property
+    def numel(self) -> int:
+        """Number of values."""
+        return math.prod(self.shape)
+
+    def size_bytes(self) -> int:
+        """Bytes held: one a code + 4 a scale."""
+        return int(self.data.size + 4 * self.scales.size)
+
+    def compression_ratio(self) -> float:
+        """``4·numel / size_bytes()`` in f32."""
+        return f32_ratio(4 * self.numel, self.size_bytes())
+
+    def dequantize(self) -> np.ndarray:
+        """See :func:`dequantize_activations`."""
+        return dequantize_activations(self)
+
+    def _repr_fields(self) -> str:
+        return f"per_token={self.per_token}, bits={self.bits}"
+
+
+def quantize_activations(x: Any, config: BitNetConfig = BitNetConfig()) -> QuantizedActivations:
+    """Per-token (or per batch item) max-abs quantization of ``[batch, hidden]`` or
+    ``[batch, seq, hidden]`` activations.
+
+    Raises:
+        TypeError: ``x`` is not a floating array or ``config`` not a BitNetConfig.
+        InvalidConfigError: ``x`` is not 2-D or 3-D.
+        NonFiniteError: ``x`` holds NaN or an infinity.
+    """
+    if not isinstance(config, BitNetConfig):
+        raise TypeError(f"config must be a BitNetConfig, got {type(config).__name__}")
+    arr = float_input(x, "x")
+    b, s, _ = _dims(arr.shape)
+    groups = b * s if config.per_token_activation else b
+    data, scales = _native.quantize_bitnet(arr, groups, config.activation_bits)
+    return QuantizedActivations._trusted(
+        data=readonly(data.reshape(arr.shape)),
+        scales=readonly(scales),
+        shape=arr.shape,
+        per_token=config.per_token_activation,
+        bits=config.activation_bits,
+    )
+
+
+def dequantize_activations(q: QuantizedActivations) -> np.ndarray:
+    """float32 values ``code * scale`` in ``q.shape``."""
+    if not isinstance(q, QuantizedActivations):
+        raise TypeError(f"q must be a QuantizedActivations, got {type(q).__name__}")
+    n = q.numel
+    group = n // q.scales.size if q.scales.size else 0
+    flat = _native.dequantize_groups(q.data.reshape(-1), n, group, q.scales, False)
+    return flat.reshape(q.shape)
+
+
+def quantize_ste(x: Any, config: BitNetConfig = BitNetConfig()) -> np.ndarray:
+    """The straight-through estimator's forward pass: quantize, then dequantize (float32)."""
+    return dequantize_activations(quantize_activations(x, config))

@@ -1,0 +1,163 @@
+//! Dynamic activation quantization (SPEC §3) and BitNet activations (SPEC
+//! §4): extract, release the GIL around one `ops::dynamic` / `ops::bitnet`
+//! call, map the error, return the NumPy-allocated outputs.
+
+use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
+use super::errors::to_pyerr;
+use crate::ops::bitnet;
+use crate::ops::dynamic::{self as dq, DynCodes, DynCodesMut, DynFormat, ScaleMode};
+use crate::ops::pack::packed_len;
+use numpy::PyArray1;
+use pyo3::prelude::*;
+
+fn mode(py: Python<'_>, p: Option<f64>) -> PyResult<ScaleMode> {
+    match p {
+        None => Ok(ScaleMode::MaxAbs),
+        Some(p) => ScaleMode::percentile(p).map_err(|e| to_pyerr(py, e)),
+    }
+}
+
+fn format(py: Python<'_>, name: &str) -> PyResult<DynFormat> {
+    match name {
+        "int8_per_tensor" => Ok(DynFormat::Int8PerTensor),
+        "int8_per_row" => Ok(DynFormat::Int8PerRow),
+        "int4_per_tensor" => Ok(DynFormat::Int4PerTensor),
+        other => Err(to_pyerr(
+            py,
+            crate::QuantError::invalid(
+                "format",
+                format!("expected int8_per_tensor, int8_per_row or int4_per_tensor, got {other:?}"),
+            ),
+        )),
+    }
+}
+
+/// Seed 002's `compute_scale` of the flattened `x` (`p`: percentile, or
+/// `None` for max-abs).
+#[pyfunction]
+#[pyo3(signature = (x, clip_val, p))]
+pub(crate) fn compute_scale(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    clip_val: f32,
+    p: Option<f64>,
+) -> PyResult<f32> {
+    let mode = mode(py, p)?;
+    let x = FloatArray::extract("x", x)?;
+    with_float_slice!(x, xs => {
+        if xs.len() < 65536 {
+            return dq::compute_scale(xs, clip_val, mode).map_err(|e| to_pyerr(py, e));
+        }
+        py.detach(|| dq::compute_scale(xs, clip_val, mode)).map_err(|e| to_pyerr(py, e))
+    })
+}
+
+/// `(data, scales)`: int8 codes (or uint8 packed int4 bytes) of the C-order
+/// `x` and float32 scales, in `format` (`p`: percentile, or `None` for max-abs).
+#[pyfunction]
+#[pyo3(signature = (x, format, p))]
+pub(crate) fn quantize_dynamic<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    format: &str,
+    p: Option<f64>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyArray1<f32>>)> {
+    let (fmt, mode) = (self::format(py, format)?, self::mode(py, p)?);
+    let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+    let x = FloatArray::extract("x", x)?;
+    with_float_slice!(x, xs => {
+        let scales = output::<f32>(py, dq::num_scales(&shape, fmt))?;
+        let mut sw = writable(&scales)?;
+        let ss = sw.as_slice_mut()?;
+        let data = match fmt {
+            DynFormat::Int4PerTensor => {
+                let d = output::<u8>(py, packed_len(xs.len()))?;
+                let mut dw = writable(&d)?;
+                let ds = dw.as_slice_mut()?;
+                py.detach(|| dq::dynamic_quantize(xs, &shape, fmt, mode, DynCodesMut::Int4(ds), ss))
+                    .map_err(|e| to_pyerr(py, e))?;
+                d.into_any()
+            }
+            _ => {
+                let d = output::<i8>(py, xs.len())?;
+                let mut dw = writable(&d)?;
+                let ds = dw.as_slice_mut()?;
+                py.detach(|| dq::dynamic_quantize(xs, &shape, fmt, mode, DynCodesMut::Int8(ds), ss))
+                    .map_err(|e| to_pyerr(py, e))?;
+                d.into_any()
+            }
+        };
+        drop(sw);
+        Ok((data, scales))
+    })
+}
+
+/// Flat float32 values `q * scale` of `n` codes in groups of `group`
+/// (int8 `data`, or uint8 packed int4 when `int4`).
+#[pyfunction]
+#[pyo3(signature = (data, n, group, scales, int4))]
+pub(crate) fn dequantize_groups<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    n: usize,
+    group: usize,
+    scales: &Bound<'py, PyAny>,
+    int4: bool,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let s = exact::<f32>("scales", "float32", scales)?;
+    let ss = s.as_slice()?;
+    let out = output::<f32>(py, n)?;
+    {
+        let mut ow = writable(&out)?;
+        let os = ow.as_slice_mut()?;
+        if int4 {
+            let d = exact::<u8>("data", "uint8", data)?;
+            let ds = d.as_slice()?;
+            py.detach(|| dq::dequantize_groups(DynCodes::Int4(ds), group, ss, os))
+        } else {
+            let d = exact::<i8>("data", "int8", data)?;
+            let ds = d.as_slice()?;
+            py.detach(|| dq::dequantize_groups(DynCodes::Int8(ds), group, ss, os))
+        }
+        .map_err(|e| to_pyerr(py, e))?;
+    }
+    Ok(out)
+}
+
+/// int8 codes and float32 scales.
+type Codes8AndScales<'py> = (Bound<'py, PyArray1<i8>>, Bound<'py, PyArray1<f32>>);
+
+/// `(data, scales)`: BitNet int8 codes of the C-order `x` and one float32
+/// scale for each of `groups` equal groups of consecutive elements.
+#[pyfunction]
+#[pyo3(signature = (x, groups, bits))]
+pub(crate) fn quantize_bitnet<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    groups: usize,
+    bits: u32,
+) -> PyResult<Codes8AndScales<'py>> {
+    bitnet::rule(bits).map_err(|e| to_pyerr(py, e))?;
+    let x = FloatArray::extract("x", x)?;
+    with_float_slice!(x, xs => {
+        let group = xs.len().checked_div(groups).unwrap_or(0);
+        let codes = output::<i8>(py, xs.len())?;
+        let scales = output::<f32>(py, groups)?;
+        {
+            let (mut cw, mut sw) = (writable(&codes)?, writable(&scales)?);
+            let (cs, ss) = (cw.as_slice_mut()?, sw.as_slice_mut()?);
+            py.detach(|| bitnet::quantize_activations(xs, group, bits, cs, ss))
+                .map_err(|e| to_pyerr(py, e))?;
+        }
+        Ok((codes, scales))
+    })
+}
+
+/// Register this family's functions.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(compute_scale, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_dynamic, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_groups, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_bitnet, m)?)?;
+    Ok(())
+}

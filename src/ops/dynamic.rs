@@ -1,0 +1,447 @@
+//! Dynamic activation quantization — SPEC §3, ported from seed 002
+//! (oxibonsai `dynamic_quant`): `compute_scale`, `dynamic_quantize_int8`,
+//! `dynamic_quantize_int8_per_row`, `dynamic_quantize_int4` and their
+//! dequantization.
+//!
+//! Math in f32, as the seed: a group's statistic is max |x| (`MaxAbs`) or the
+//! element of rank `ceil(p·n) − 1` of the sorted |x| (`Percentile(p)`);
+//! `scale = statistic / clip` (0 when the statistic is 0); codes
+//! `clamp(round(v / scale), -clip, clip)` (clip 127 or 7), all zero when the
+//! scale is 0; values `q as f32 * scale`.
+//!
+//! Deviations (SPEC): int4 codes are packed two a byte (1); non-finite input
+//! is an error (2); the percentile rank is computed from one f64 multiply and
+//! found by O(n) selection instead of a sort (3); per-row input is 2-D (5).
+
+use crate::element::Float;
+use crate::error::{QuantError, Result};
+use crate::ops::drive::split_quantize;
+use crate::ops::pack::{packed_len, unpack_range, Int4Writer};
+use crate::parallel;
+use crate::simd::{self, AbsmaxRule, Isa, F32_INF_BITS};
+use crate::stage::STAGE;
+use rayon::prelude::*;
+
+/// How a group's scale is found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScaleMode {
+    /// `max |x| / clip`.
+    MaxAbs,
+    /// `|x|` at rank `ceil(p·n) − 1` (clamped to `[0, n − 1]`) of the sorted
+    /// `|x|`, over `clip`; `p` in (0, 1].
+    Percentile(f64),
+}
+
+impl ScaleMode {
+    /// `Percentile(p)`, or `InvalidConfig` naming `p` outside (0, 1].
+    pub fn percentile(p: f64) -> Result<ScaleMode> {
+        if p > 0.0 && p <= 1.0 {
+            Ok(ScaleMode::Percentile(p))
+        } else {
+            Err(QuantError::invalid(
+                "p",
+                format!("expected a percentile in (0, 1], got {p}"),
+            ))
+        }
+    }
+}
+
+/// The percentile rank of SPEC §3: `ceil(p·n) − 1` with `p·n` one f64
+/// multiplication, clamped to `[0, n − 1]` (`n >= 1`).
+pub fn percentile_rank(p: f64, n: usize) -> usize {
+    let r = (p * n as f64).ceil();
+    // `as usize` saturates (and maps NaN to 0), as the seed's cast does.
+    (r as usize).saturating_sub(1).min(n.saturating_sub(1))
+}
+
+/// The three formats of a dynamically quantized tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DynFormat {
+    /// One scale for the tensor, int8 codes.
+    Int8PerTensor,
+    /// One scale per row of a 2-D tensor, int8 codes.
+    Int8PerRow,
+    /// One scale for the tensor, int4 codes packed two a byte.
+    Int4PerTensor,
+}
+
+impl DynFormat {
+    /// The largest code: 127 or 7.
+    pub fn clip(self) -> f32 {
+        match self {
+            DynFormat::Int4PerTensor => 7.0,
+            _ => 127.0,
+        }
+    }
+
+    fn rule(self) -> AbsmaxRule {
+        AbsmaxRule {
+            divisor: self.clip(),
+            zero_scale: 0.0,
+            clip: self.clip(),
+        }
+    }
+}
+
+/// Where codes go: int8 one a byte, or int4 packed.
+#[derive(Debug)]
+pub enum DynCodesMut<'a> {
+    /// int8 codes, one per element.
+    Int8(&'a mut [i8]),
+    /// int4 codes packed two a byte, `ceil(n / 2)` bytes.
+    Int4(&'a mut [u8]),
+}
+
+/// Reads a group as f32 a stage at a time (f32 input in place).
+fn for_each_stage<T: Float>(
+    isa: Isa,
+    x: &[T],
+    stage: &mut Vec<f32>,
+    mut f: impl FnMut(usize, &[f32]) -> std::result::Result<(), usize>,
+) -> std::result::Result<(), usize> {
+    if let Some(xf) = T::as_f32_slice(x) {
+        return f(0, xf);
+    }
+    stage.resize(STAGE.min(x.len()), 0.0);
+    for (k, xs) in x.chunks(STAGE).enumerate() {
+        let st = &mut stage[..xs.len()];
+        T::convert_to_f32(isa, xs, st);
+        f(k * STAGE, st)?;
+    }
+    Ok(())
+}
+
+/// A group's statistic (max |x| or the percentile of |x|), or the group index
+/// of its first non-finite value. `bits` is scratch for the percentile.
+fn statistic<T: Float>(
+    isa: Isa,
+    x: &[T],
+    mode: ScaleMode,
+    stage: &mut Vec<f32>,
+    bits: &mut Vec<u32>,
+) -> std::result::Result<f32, usize> {
+    match mode {
+        ScaleMode::MaxAbs => {
+            let mut m = 0u32;
+            for_each_stage(isa, x, stage, |off, xs| {
+                let b = simd::absmax_bits(isa, xs);
+                if b >= F32_INF_BITS {
+                    return Err(off + simd::scalar::first_non_finite(xs));
+                }
+                m = m.max(b);
+                Ok(())
+            })?;
+            Ok(f32::from_bits(m))
+        }
+        ScaleMode::Percentile(p) => {
+            if x.is_empty() {
+                return Ok(0.0);
+            }
+            // |x| as bit patterns: for non-negative finite floats their integer
+            // order is the float order, so selection on integers is exact.
+            bits.clear();
+            bits.reserve(x.len());
+            for_each_stage(isa, x, stage, |off, xs| {
+                if simd::absmax_bits(isa, xs) >= F32_INF_BITS {
+                    return Err(off + simd::scalar::first_non_finite(xs));
+                }
+                bits.extend(xs.iter().map(|v| v.to_bits() & 0x7fff_ffff));
+                Ok(())
+            })?;
+            let rank = percentile_rank(p, bits.len());
+            let (_, v, _) = bits.select_nth_unstable(rank);
+            Ok(f32::from_bits(*v))
+        }
+    }
+}
+
+/// Seed 002's `compute_scale`: 0.0 for empty input or a zero statistic, else
+/// `statistic / clip`. Errors: `NonFinite` naming the first NaN or infinity.
+pub fn compute_scale<T: Float>(x: &[T], clip: f32, mode: ScaleMode) -> Result<f32> {
+    compute_scale_with(Isa::detected(), x, clip, mode)
+}
+
+/// [`compute_scale`] on a chosen ISA.
+pub fn compute_scale_with<T: Float>(isa: Isa, x: &[T], clip: f32, mode: ScaleMode) -> Result<f32> {
+    let _env = crate::simd::fpenv::Pinned::new();
+    let s = statistic(isa, x, mode, &mut Vec::new(), &mut Vec::new())
+        .map_err(|index| QuantError::NonFinite { arg: "x", index })?;
+    Ok(scale_of(s, clip))
+}
+
+fn scale_of(statistic: f32, clip: f32) -> f32 {
+    if statistic == 0.0 {
+        0.0
+    } else {
+        statistic / clip
+    }
+}
+
+/// Codes of a group with a known scale (all zero for scale 0), written to an
+/// int8 slice or appended to an int4 writer.
+fn codes_with_scale<T: Float>(
+    isa: Isa,
+    x: &[T],
+    scale: f32,
+    clip: f32,
+    out: &mut GroupOut<'_, '_>,
+    stage: &mut Vec<f32>,
+    codes: &mut Vec<i8>,
+) {
+    match out {
+        GroupOut::Int8(c) => {
+            if scale == 0.0 {
+                c.fill(0);
+                return;
+            }
+            let _ = for_each_stage(isa, x, stage, |off, xs| {
+                simd::quantize_scaled(isa, xs, scale, clip, &mut c[off..off + xs.len()]);
+                Ok(())
+            });
+        }
+        GroupOut::Int4(w) => {
+            codes.resize(STAGE.min(x.len()), 0);
+            for xs in x.chunks(STAGE) {
+                let cs = &mut codes[..xs.len()];
+                if scale == 0.0 {
+                    cs.fill(0);
+                } else {
+                    let _ = for_each_stage(isa, xs, stage, |_, xf| {
+                        simd::quantize_scaled(isa, xf, scale, clip, cs);
+                        Ok(())
+                    });
+                }
+                w.write(isa, cs);
+            }
+        }
+    }
+}
+
+enum GroupOut<'a, 'b> {
+    Int8(&'a mut [i8]),
+    Int4(&'a mut Int4Writer<'b>),
+}
+
+/// Quantize `x` (of `shape`, C order) in `format` with `mode`: codes into
+/// `codes`, one f32 scale per group into `scales` (1 per tensor, `shape[0]`
+/// per row; none for an empty per-row input).
+///
+/// Errors: `ShapeMismatch` for a per-row shape that is not 2-D (naming `x2d`)
+/// or wrong output lengths; `NonFinite` naming the first NaN or infinity.
+pub fn dynamic_quantize<T: Float>(
+    x: &[T],
+    shape: &[usize],
+    format: DynFormat,
+    mode: ScaleMode,
+    codes: DynCodesMut<'_>,
+    scales: &mut [f32],
+) -> Result<()> {
+    dynamic_quantize_with(Isa::detected(), x, shape, format, mode, codes, scales)
+}
+
+/// Scales [`dynamic_quantize`] writes for `shape` in `format`.
+pub fn num_scales(shape: &[usize], format: DynFormat) -> usize {
+    match format {
+        DynFormat::Int8PerRow => match shape {
+            [rows, cols] if *rows > 0 && *cols > 0 => *rows,
+            _ => 0,
+        },
+        _ => 1,
+    }
+}
+
+/// [`dynamic_quantize`] on a chosen ISA (downgraded if the CPU lacks it).
+pub fn dynamic_quantize_with<T: Float>(
+    isa: Isa,
+    x: &[T],
+    shape: &[usize],
+    format: DynFormat,
+    mode: ScaleMode,
+    codes: DynCodesMut<'_>,
+    scales: &mut [f32],
+) -> Result<()> {
+    let _env = crate::simd::fpenv::Pinned::new();
+    let n = x.len();
+    let want: usize = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .unwrap_or(usize::MAX);
+    if format == DynFormat::Int8PerRow && shape.len() != 2 {
+        return Err(QuantError::ShapeMismatch {
+            arg: "x2d",
+            expected: "a 2-D array".into(),
+            actual: format!("{}-D", shape.len()),
+        });
+    }
+    if want != n {
+        return Err(QuantError::len_mismatch("x", want, n));
+    }
+    if scales.len() != num_scales(shape, format) {
+        return Err(QuantError::len_mismatch(
+            "scales",
+            num_scales(shape, format),
+            scales.len(),
+        ));
+    }
+    match (&codes, format) {
+        (DynCodesMut::Int8(c), DynFormat::Int8PerTensor | DynFormat::Int8PerRow)
+            if c.len() == n => {}
+        (DynCodesMut::Int4(c), DynFormat::Int4PerTensor) if c.len() == packed_len(n) => {}
+        _ => {
+            return Err(QuantError::invalid(
+                "codes",
+                format!("wrong codes for {format:?} of {n}"),
+            ))
+        }
+    }
+    let nonfinite = |index| QuantError::NonFinite { arg: "x", index };
+    let clip = format.clip();
+    match (format, codes) {
+        (DynFormat::Int8PerRow, DynCodesMut::Int8(c)) => {
+            if scales.is_empty() {
+                return Ok(());
+            }
+            let cols = shape[1];
+            if mode == ScaleMode::MaxAbs {
+                let outcome = parallel::run(n, |par| {
+                    split_quantize(isa, x, cols, format.rule(), c, scales, par)
+                });
+                return outcome.into_result().map(|_| ());
+            }
+            // Percentile rows: a selection per row, rows across the pool.
+            let row = |r0: usize, xs: &[T], cs: &mut [i8], ss: &mut [f32]| {
+                let (mut stage, mut bits, mut tmp) = (Vec::new(), Vec::new(), Vec::new());
+                for (r, ((xr, cr), s)) in
+                    xs.chunks(cols).zip(cs.chunks_mut(cols)).zip(ss).enumerate()
+                {
+                    let st = statistic(isa, xr, mode, &mut stage, &mut bits)
+                        .map_err(|i| (r0 + r) * cols + i)?;
+                    *s = scale_of(st, clip);
+                    codes_with_scale(
+                        isa,
+                        xr,
+                        *s,
+                        clip,
+                        &mut GroupOut::Int8(cr),
+                        &mut stage,
+                        &mut tmp,
+                    );
+                }
+                Ok(())
+            };
+            let rows = scales.len();
+            parallel::run(n, |par| {
+                if !par {
+                    return row(0, x, c, scales);
+                }
+                let tr = parallel::units_per_task(rows, cols);
+                x.par_chunks(tr * cols)
+                    .zip(c.par_chunks_mut(tr * cols))
+                    .zip(scales.par_chunks_mut(tr))
+                    .enumerate()
+                    .map(|(t, ((xs, cs), ss))| row(t * tr, xs, cs, ss))
+                    .reduce(|| Ok(()), |a, b| parallel::first_error(a, b, |_, _| ()))
+            })
+            .map_err(nonfinite)
+        }
+        (_, codes) => {
+            if n == 0 {
+                scales[0] = 0.0;
+                return Ok(());
+            }
+            let (mut stage, mut bits, mut tmp) = (Vec::new(), Vec::new(), Vec::new());
+            let st = statistic(isa, x, mode, &mut stage, &mut bits).map_err(nonfinite)?;
+            drop(bits);
+            let scale = scale_of(st, clip);
+            scales[0] = scale;
+            match codes {
+                DynCodesMut::Int8(c) => codes_with_scale(
+                    isa,
+                    x,
+                    scale,
+                    clip,
+                    &mut GroupOut::Int8(c),
+                    &mut stage,
+                    &mut tmp,
+                ),
+                DynCodesMut::Int4(c) => {
+                    let mut w = Int4Writer::new(c, 0);
+                    codes_with_scale(
+                        isa,
+                        x,
+                        scale,
+                        clip,
+                        &mut GroupOut::Int4(&mut w),
+                        &mut stage,
+                        &mut tmp,
+                    )
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Codes to read back.
+#[derive(Debug, Clone, Copy)]
+pub enum DynCodes<'a> {
+    /// int8 codes, one per element.
+    Int8(&'a [i8]),
+    /// int4 codes packed two a byte.
+    Int4(&'a [u8]),
+}
+
+/// `out[i] = q[i] as f32 * scale` of element i's group: groups of `group`
+/// elements (the whole tensor per tensor, a row per row).
+///
+/// Errors: `ShapeMismatch` when `scales` or `out` do not fit the codes.
+pub fn dequantize_groups(
+    codes: DynCodes<'_>,
+    group: usize,
+    scales: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let isa = Isa::detected();
+    let _env = crate::simd::fpenv::Pinned::new();
+    let n = out.len();
+    let groups = if n == 0 {
+        scales.len()
+    } else {
+        n.div_ceil(group.max(1))
+    };
+    if group == 0 && n > 0 || scales.len() != groups {
+        return Err(QuantError::len_mismatch("scales", groups, scales.len()));
+    }
+    match codes {
+        DynCodes::Int8(c) => {
+            if c.len() != n {
+                return Err(QuantError::len_mismatch("data", n, c.len()));
+            }
+            if n > 0 {
+                parallel::run(n / 8, |par| {
+                    crate::ops::drive::split_dequantize(isa, c, group, scales, out, par)
+                });
+            }
+        }
+        DynCodes::Int4(p) => {
+            if p.len() != packed_len(n) {
+                return Err(QuantError::len_mismatch("data", packed_len(n), p.len()));
+            }
+            // int4 is per tensor: one scale for every stage.
+            let mut q = vec![0i8; STAGE.min(n)];
+            for (k, os) in out.chunks_mut(STAGE).enumerate() {
+                let qs = &mut q[..os.len()];
+                unpack_range(isa, p, k * STAGE, qs);
+                let scale = scales[k * STAGE / group];
+                if os.len() <= group - (k * STAGE) % group {
+                    simd::dequantize_scaled(isa, qs, scale, os);
+                } else {
+                    for (j, (o, &c)) in os.iter_mut().zip(qs.iter()).enumerate() {
+                        *o = c as f32 * scales[(k * STAGE + j) / group];
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
