@@ -259,3 +259,149 @@ def test_registry_entries(rng):
     )
     assert fq.get_quantizer("dynamic-int8-per-row").fits((3,), np.float32) is not None
     assert fq.get_quantizer("bitnet-act").fits((2, 2, 2, 2), np.float32) is not None
+
+
+# -- SmoothQuant ----------------------------------------------------------------------
+
+
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 30),
+    st.integers(1, 30),
+    st.integers(0, 20),
+    st.floats(0.0, 1.0),
+)
+def test_smooth_factors_match_the_seed(seed, tokens, out, cols, alpha):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((tokens, cols)) * rng.uniform(0, 50)).astype(np.float32)
+    w = (rng.standard_normal((out, cols)) * rng.uniform(0, 2)).astype(np.float32)
+    a[:, :1] = 0  # an all-zero column: (0 + eps)^alpha
+    cfg = fq.SmoothQuantConfig(alpha)
+    s = fq.compute_smooth_factors(a, w, cfg)
+    want = ref.smooth_factors(a, w, np.float32(alpha), np.float32(1e-5))
+    assert s.dtype == np.float32 and s.tobytes() == want.tobytes()
+
+
+def test_smoothing_is_in_place_and_exact(rng):
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 8)).astype(np.float32)
+    s = fq.compute_smooth_factors(a, w)
+    a0, w0 = a.copy(), w.copy()
+    assert fq.smooth_activations(a, s) is a
+    assert fq.smooth_weights(w, s) is w
+    assert a.tobytes() == (a0 / s).tobytes() and w.tobytes() == (w0 * s).tobytes()
+
+
+def test_smoothing_refuses_bad_arrays_and_changes_nothing(rng):
+    s = np.full(4, 2.0, np.float32)
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    ro = a.copy()
+    ro.flags.writeable = False
+    for bad in (ro, a[:, ::2].copy().T, np.asfortranarray(a), a.astype(np.float64), [1.0]):
+        with pytest.raises(ValueError):
+            fq.smooth_activations(bad, s)
+    with pytest.raises(ValueError, match="a"):
+        fq.smooth_activations(a.T, s)  # not C-contiguous
+    with pytest.raises(fq.ShapeMismatchError, match="s"):
+        fq.smooth_activations(a, s[:3])
+    with pytest.raises(fq.ShapeMismatchError, match="w"):
+        fq.smooth_weights(a.reshape(-1), s)
+    with pytest.raises(TypeError, match="s"):
+        fq.smooth_weights(a, s.astype(np.float64))
+    before = a.copy()
+    a[2, 3] = np.nan
+    before[2, 3] = np.nan
+    with pytest.raises(fq.NonFiniteError) as e:
+        fq.smooth_activations(a, s)
+    assert e.value.index == 11
+    assert a.tobytes() == before.tobytes()
+    b = rng.standard_normal((3, 4)).astype(np.float32)
+    b0 = b.copy()
+    for bad_s in (np.array([1, 2, np.inf, 1], np.float32), np.array([1, 0, 1, 1], np.float32)):
+        with pytest.raises(ValueError, match="s"):
+            fq.smooth_weights(b, bad_s)
+    assert b.tobytes() == b0.tobytes()
+
+
+def test_smooth_config_and_factor_errors(rng):
+    for alpha in (-0.01, 1.01, float("nan")):
+        with pytest.raises(fq.InvalidConfigError, match="alpha"):
+            fq.SmoothQuantConfig(alpha)
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    with pytest.raises(fq.ShapeMismatchError, match="weights"):
+        fq.compute_smooth_factors(a, np.ones((2, 5), np.float32))
+    with pytest.raises(fq.ShapeMismatchError, match="activations"):
+        fq.compute_smooth_factors(a.reshape(-1), np.ones((2, 4), np.float32))
+    a[1, 1] = np.inf
+    with pytest.raises(fq.NonFiniteError, match="activations") as e:
+        fq.compute_smooth_factors(a, np.ones((2, 4), np.float32))
+    assert e.value.index == 5
+
+
+# -- Calibration statistics ------------------------------------------------------------
+
+
+def check_stats(got: fq.CalibStats, batches):
+    want = ref.calib_stats(batches)
+    assert (got.min, got.max, got.p99, got.suggested_scale) == (
+        want[0],
+        want[1],
+        want[4],
+        want[5],
+    )
+    assert got.mean == pytest.approx(want[2], rel=1e-6, abs=1e-30)
+    assert got.std_dev == pytest.approx(want[3], rel=1e-5, abs=1e-30)
+
+
+@given(st.lists(f32_arrays(hnp.array_shapes(min_dims=1, max_dims=2, min_side=0, max_side=30))))
+def test_calib_stats_match_the_seed(batches):
+    big = [b for b in batches if b.size and np.abs(b).max() > 1e30]
+    if big:  # f64 sums of ~1e38 values are fine, but the oracle's squares overflow
+        return
+    check_stats(fq.CalibStats.collect(batches), batches)
+    check_stats(fq.CalibStats.collect(iter(batches)), batches)
+
+
+def test_calib_stats_seed_example_and_empty():
+    s = fq.CalibStats.collect([np.array([1.0, 2, 3], np.float32), np.array([-1.0, 0, 4])])
+    assert (s.min, s.max, s.p99) == (-1.0, 4.0, 4.0)
+    assert s.mean == 1.5 and s.suggested_scale == np.float32(4) / np.float32(127)
+    assert fq.CalibStats.collect([]) == fq.CalibStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert fq.CalibStats.collect(iter([np.zeros(0, np.float32)])).p99 == 0.0
+    zeros = fq.CalibStats.collect([np.zeros(10, np.float32)])
+    assert zeros.suggested_scale == np.float32(1) / np.float32(127)
+
+
+def test_calib_stats_p99_is_exact_for_lists_and_streams_bounded(rng):
+    # Distinct values first, then many zeros: the exact p99 lies among values a
+    # stream that only kept the top 1 % of what it had seen would have dropped.
+    batches = [np.arange(1, 100_001, dtype=np.float32), np.zeros(5_000_000, np.float32)]
+    exact = fq.CalibStats.collect(batches)
+    assert exact.p99 == ref.calib_stats(batches)[4]
+    with pytest.warns(fq.PrecisionWarning, match="upper bound"):
+        approx = fq.CalibStats.collect(iter(batches))
+    assert approx.p99 >= exact.p99
+    # A stationary stream far larger than what is kept: exact, memory bounded.
+    import tracemalloc
+
+    def gen():
+        r = np.random.default_rng(7)
+        for _ in range(100):
+            yield r.standard_normal(100_000).astype(np.float32)
+
+    tracemalloc.start()
+    try:
+        s = fq.CalibStats.collect(gen())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 2**20, peak  # the 10 M values are 40 MiB
+    assert s.p99 == ref.calib_stats(list(gen()))[4]
+
+
+def test_calib_stats_errors():
+    with pytest.raises(fq.NonFiniteError) as e:
+        fq.CalibStats.collect([np.ones(3, np.float32), np.array([1, np.nan], np.float32)])
+    assert e.value.index == 4 and "batches[1]" in str(e.value)
+    with pytest.raises(TypeError, match=r"batches\[0\]"):
+        fq.CalibStats.collect([np.ones(3, np.int64)])

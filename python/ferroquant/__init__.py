@@ -41,14 +41,19 @@ from .bitnet import (
 )
 from .blockwise import BlockwiseQuantized, dequantize_blockwise, quantize_blockwise
 from .dynamic import (
+    CalibStats,
     DynQuantTensor,
     MaxAbs,
     Percentile,
+    SmoothQuantConfig,
     compute_scale,
+    compute_smooth_factors,
     dynamic_quantize_int4,
     dynamic_quantize_int8,
     dynamic_quantize_int8_per_row,
     quantization_mae,
+    smooth_activations,
+    smooth_weights,
 )
 from .errors import (
     EmptyInputError,
@@ -69,6 +74,7 @@ __all__ = [
     "BitNetConfig",
     "Blockwise8",
     "BlockwiseQuantized",
+    "CalibStats",
     "DynQuantTensor",
     "Dynamic",
     "EmptyInputError",
@@ -86,8 +92,10 @@ __all__ = [
     "QuantizedTensor",
     "Quantizer",
     "ShapeMismatchError",
+    "SmoothQuantConfig",
     "__version__",
     "compute_scale",
+    "compute_smooth_factors",
     "dequantize",
     "dequantize_activations",
     "dequantize_blockwise",
@@ -113,6 +121,8 @@ __all__ = [
     "set_num_threads",
     "set_output_cache",
     "simd_isa",
+    "smooth_activations",
+    "smooth_weights",
     "supported_isas",
 ]
 

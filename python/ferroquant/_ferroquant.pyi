@@ -7,6 +7,7 @@ import numpy.typing as npt
 __all__ = [
     "__version__",
     "compute_scale",
+    "compute_smooth_factors",
     "dequantize_affine",
     "dequantize_blockwise",
     "dequantize_groups",
@@ -22,6 +23,7 @@ __all__ = [
     "set_num_threads",
     "set_output_cache",
     "simd_isa",
+    "smooth_in_place",
     "supported_isas",
 ]
 
@@ -71,3 +73,13 @@ def dequantize_groups(
 def quantize_bitnet(
     x: npt.NDArray[np.floating], groups: int, bits: int
 ) -> Tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
+def compute_smooth_factors(
+    activations: npt.NDArray[np.floating],
+    weights: npt.NDArray[np.floating],
+    cols: int,
+    alpha: float,
+    epsilon: float,
+) -> npt.NDArray[np.float32]: ...
+def smooth_in_place(
+    x: npt.NDArray[np.float32], arg: str, factors: npt.NDArray[np.float32], multiply: bool
+) -> None: ...

@@ -17,18 +17,23 @@ import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio, unpack_int4
-from ._checks import float_input, held, readonly, shape_tuple
-from .errors import InvalidConfigError, ShapeMismatchError
+from ._checks import float_input, held, readonly, shape_tuple, warn
+from .errors import InvalidConfigError, NonFiniteError, PrecisionWarning, ShapeMismatchError
 
 __all__ = [
+    "CalibStats",
     "DynQuantTensor",
     "MaxAbs",
     "Percentile",
+    "SmoothQuantConfig",
     "compute_scale",
+    "compute_smooth_factors",
     "dynamic_quantize_int4",
     "dynamic_quantize_int8",
     "dynamic_quantize_int8_per_row",
     "quantization_mae",
+    "smooth_activations",
+    "smooth_weights",
 ]
 
 FORMATS = ("int8_per_tensor", "int8_per_row", "int4_per_tensor")
@@ -264,3 +269,227 @@ def quantization_mae(original: Any, q: DynQuantTensor) -> float:
     # The seed's iterator sum adds in order in f32: cumsum reproduces that order.
     total = np.cumsum(err, dtype=np.float32)[-1]
     return float(np.float32(total) / np.float32(n))
+
+
+# -- SmoothQuant ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmoothQuantConfig:
+    """Seed 002's SmoothQuant settings.
+
+    Args:
+        alpha: how much of the difficulty moves to the weights, in [0, 1].
+        epsilon: floor of the factors (and offset before the powers); at least 1e-10
+            is used.
+
+    Raises:
+        InvalidConfigError: ``alpha`` outside [0, 1] (the seed's ``InvalidAlpha``)
+            or a non-finite ``epsilon``.
+    """
+
+    alpha: float = 0.5
+    epsilon: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "epsilon"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(
+                v, (int, float, np.floating, np.integer)
+            ):
+                raise InvalidConfigError(f"{name} must be a number, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if not (0.0 <= self.alpha <= 1.0):
+            raise InvalidConfigError(f"alpha must be in [0, 1], got {self.alpha}")
+        if not math.isfinite(self.epsilon):
+            raise InvalidConfigError(f"epsilon must be finite, got {self.epsilon}")
+
+
+def compute_smooth_factors(
+    activations: Any, weights: Any, config: SmoothQuantConfig = SmoothQuantConfig()
+) -> np.ndarray:
+    """Seed 002's ``compute_smooth_factors``: ``float32[in]`` factors
+    ``max((amax_j + eps)^alpha / (wmax_j + eps)^(1 - alpha), eps)`` from ``activations[tokens, in]``
+    and ``weights[out, in]``, in f32 with ``f32::powf``.
+
+    Raises:
+        TypeError: an argument is not a floating array, or ``config`` not a
+            SmoothQuantConfig.
+        ShapeMismatchError: an argument is not 2-D or their ``in`` differ.
+        NonFiniteError: an argument holds NaN or an infinity.
+    """
+    if not isinstance(config, SmoothQuantConfig):
+        raise TypeError(f"config must be a SmoothQuantConfig, got {type(config).__name__}")
+    a = float_input(activations, "activations")
+    w = float_input(weights, "weights")
+    for name, arr in (("activations", a), ("weights", w)):
+        if arr.ndim != 2:
+            raise ShapeMismatchError(f"{name} must be 2-D, got shape {arr.shape}")
+    if a.shape[1] != w.shape[1]:
+        raise ShapeMismatchError(
+            f"weights: expected {a.shape[1]} input features (columns) as activations, "
+            f"got {w.shape[1]}"
+        )
+    alpha, eps = float(np.float32(config.alpha)), float(np.float32(config.epsilon))
+    return readonly(_native.compute_smooth_factors(a, w, a.shape[1], alpha, eps))
+
+
+def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise ValueError(f"{arg} must be a writable C-contiguous float32 array, got {_describe(x)}")
+    if not x.flags.c_contiguous or not x.flags.writeable:
+        raise ValueError(f"{arg} must be a writable C-contiguous float32 array")
+    if not isinstance(s, np.ndarray) or s.dtype.newbyteorder("=") != np.float32:
+        raise TypeError(f"s must be a float32 array, got {_describe(s)}")
+    if x.ndim != 2:
+        raise ShapeMismatchError(f"{arg} must be 2-D, got shape {x.shape}")
+    if s.shape != (x.shape[1],):
+        raise ShapeMismatchError(
+            f"s: expected shape ({x.shape[1]},), one factor per column of {arg}, got {s.shape}"
+        )
+    factors = np.ascontiguousarray(s, np.float32)
+    _native.smooth_in_place(x, arg, factors, multiply)
+    return x
+
+
+def smooth_activations(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``a[i, j] /= s[j]`` **in place** on a writable C-contiguous float32
+    ``[tokens, in]`` array; returns ``a``. Nothing is modified on error.
+
+    Raises:
+        ValueError: ``a`` is not a writable C-contiguous float32 array.
+        ShapeMismatchError: ``a`` is not 2-D or ``s`` is not ``[in]``.
+        NonFiniteError / InvalidConfigError: ``a`` or ``s`` holds NaN or inf, or
+            a factor is not > 0.
+    """
+    return _smooth(a, "a", s, False)
+
+
+def smooth_weights(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``w[i, j] *= s[j]`` **in place** on a writable C-contiguous float32
+    ``[out, in]`` array; returns ``w``. Errors as :func:`smooth_activations`."""
+    return _smooth(w, "w", s, True)
+
+
+# -- Calibration statistics -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibStats:
+    """Seed 002's calibration statistics over every value of every batch.
+
+    Attributes:
+        min, max: exact float32 extremes.
+        mean, std_dev: population mean and standard deviation, accumulated in f64.
+        p99: the exact float32 ``|x|`` of rank ``ceil(0.99·n) - 1``.
+        suggested_scale: ``p99 / 127``, else ``max|x| / 127``, else ``1 / 127``.
+    """
+
+    min: float
+    max: float
+    mean: float
+    std_dev: float
+    p99: float
+    suggested_scale: float
+
+    @classmethod
+    def collect(cls, batches: Any) -> CalibStats:
+        """Statistics of the values of ``batches`` (any iterable of float arrays,
+        consumed once). Streams: holds the running sums and the largest |x| the
+        exact p99 can still need, not every value.
+
+        Raises:
+            TypeError: a batch is not a floating array.
+            NonFiniteError: a batch holds NaN or an infinity.
+
+        Warns:
+            PrecisionWarning: for a one-shot iterator whose later batches were so
+                much larger than the earlier ones that values p99 needed had been
+                let go (see the README); the p99 returned is then an upper bound.
+        """
+        return _collect(batches)
+
+
+def _percentile_rank(p: float, n: int) -> int:
+    return min(max(math.ceil(p * n) - 1, 0), n - 1)
+
+
+def _needed(n: int) -> int:
+    """How many of the largest |x| the p99 of ``n`` values is among."""
+    return n - _percentile_rank(0.99, n) if n else 0
+
+
+def _collect(batches: Any) -> CalibStats:
+    sized = isinstance(batches, (list, tuple))
+    total = sum(math.prod(np.shape(b)) for b in batches) if sized else None
+    n = 0
+    lo, hi = np.float32(np.inf), np.float32(-np.inf)
+    mean, m2 = 0.0, 0.0
+    kept = np.zeros(0, np.float32)
+    dropped = np.float32(-1.0)  # the largest |x| let go of (-1: none)
+    for k, batch in enumerate(batches):
+        arr = float_input(batch, f"batches[{k}]")
+        with np.errstate(over="ignore"):
+            v = arr.astype(np.float32, copy=False).reshape(-1)
+        if v.size == 0:
+            continue
+        finite = np.isfinite(v)
+        if not finite.all():
+            i = int(np.argmin(finite))
+            raise NonFiniteError(
+                f"batches[{k}] holds a non-finite value (NaN or ±inf) at flat index {i} "
+                f"(index {n + i} over all batches)",
+                n + i,
+            )
+        lo, hi = min(lo, v.min()), max(hi, v.max())
+        # Chan et al.'s pairwise update of the mean and the sum of squared deviations.
+        b = v.size
+        d64 = v.astype(np.float64)
+        b_mean = float(d64.sum()) / b
+        b_m2 = float(np.square(d64 - b_mean).sum())
+        delta = b_mean - mean
+        mean += delta * b / (n + b)
+        m2 += b_m2 + delta * delta * n * b / (n + b)
+        n += b
+        # Keep the largest |x| the final p99 can need: exactly that many when the
+        # total is known up front, else twice what the count so far needs.
+        keep = _needed(total) if total is not None else 2 * _needed(n) + 1024
+        cand = np.concatenate([kept, np.abs(v)])
+        if cand.size > keep:
+            cut = cand.size - keep
+            part = np.partition(cand, cut - 1)
+            dropped = max(dropped, part[cut - 1])
+            kept = part[cut:].copy()
+        else:
+            kept = cand
+    if n == 0:
+        return CalibStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    m = _needed(n)
+    if kept.size >= m:
+        p99 = np.partition(kept, kept.size - m)[kept.size - m]
+    else:  # pragma: no cover - cannot happen: kept always holds _needed(n) or more
+        p99 = kept.min() if kept.size else dropped
+    if p99 < dropped:
+        # A value let go of may rank higher than p99: return the upper bound.
+        warn(
+            "CalibStats.collect: the batches grew so much after the first ones that "
+            f"values the exact p99 needs were let go; {float(dropped)} is an upper bound. "
+            "Pass a list of batches (its total size is read first) to get the exact value",
+            PrecisionWarning,
+        )
+        p99 = dropped
+    max_abs = max(abs(lo), abs(hi))
+    if p99 > 0:
+        suggested = np.float32(p99) / np.float32(127)
+    elif max_abs > 0:
+        suggested = np.float32(max_abs) / np.float32(127)
+    else:
+        suggested = np.float32(1) / np.float32(127)
+    return CalibStats(
+        min=float(lo),
+        max=float(hi),
+        mean=float(np.float32(mean)),
+        std_dev=float(np.float32(math.sqrt(m2 / n))),
+        p99=float(p99),
+        suggested_scale=float(suggested),
+    )

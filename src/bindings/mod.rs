@@ -14,6 +14,7 @@ mod errors;
 mod formats;
 mod recycle;
 mod runtime;
+mod smooth;
 
 use pyo3::prelude::*;
 
@@ -30,5 +31,6 @@ fn _ferroquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     blockwise::register(m)?;
     affine::register(m)?;
     dynamic::register(m)?;
+    smooth::register(m)?;
     Ok(())
 }

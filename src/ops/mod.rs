@@ -13,3 +13,4 @@ pub mod blockwise;
 pub(crate) mod drive;
 pub mod dynamic;
 pub mod pack;
+pub mod smooth;

@@ -4,8 +4,10 @@ percentile rank, int4 packed, per-token flag honoured)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
-from typing import Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -115,19 +117,31 @@ def dequantize_groups(codes: np.ndarray, scales: np.ndarray, group: int) -> np.n
     return out
 
 
+def _libm_powf() -> Any:
+    """The C library's ``powf``, which Rust's ``f32::powf`` calls on Linux. (NumPy's
+    float32 ``power`` may use its own vectorized approximation instead.)"""
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    powf = libm.powf
+    powf.argtypes = [ctypes.c_float, ctypes.c_float]
+    powf.restype = ctypes.c_float
+    return powf
+
+
 def smooth_factors(
     activations: np.ndarray, weights: np.ndarray, alpha: float, epsilon: float
 ) -> np.ndarray:
-    """``compute_smooth_factors``: per input feature, in f32 (``pow`` is C's powf
-    through NumPy's float32 power, the same IEEE function as Rust's ``f32::powf``
-    on glibc)."""
+    """``compute_smooth_factors``: per input feature, in f32 with the C ``powf``."""
+    powf = _libm_powf()
     a = np.abs(np.asarray(activations, F32)).max(axis=0, initial=F32(0))
     w = np.abs(np.asarray(weights, F32)).max(axis=0, initial=F32(0))
     eps = F32(max(F32(epsilon), F32(1e-10)))
     al = F32(alpha)
-    num = np.power(a + eps, al, dtype=F32)
-    den = np.power(w + eps, F32(1) - al, dtype=F32)
-    return np.maximum(num / den, eps).astype(F32)
+    out = np.zeros(a.size, F32)
+    for j in range(a.size):
+        num = F32(powf(F32(a[j] + eps), al))
+        den = F32(powf(F32(w[j] + eps), F32(F32(1) - al)))
+        out[j] = max(F32(num / den), eps)
+    return out
 
 
 def calib_stats(batches: Iterable[np.ndarray]) -> Tuple[float, ...]:

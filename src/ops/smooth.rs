@@ -1,0 +1,205 @@
+//! SmoothQuant — SPEC §3, ported from seed 002 (oxibonsai
+//! `compute_smooth_factors`, `smooth_activations`, `smooth_weights`): move
+//! quantization difficulty from activations to weights with one factor per
+//! input feature, in f32.
+//!
+//! `s_j = max((amax_j + ε)^α / (wmax_j + ε)^(1 − α), ε)` with `ε = max(epsilon,
+//! 1e-10)` and `f32::powf`; `A[i, j] /= s_j`, `W[i, j] *= s_j` in place.
+//!
+//! Deviations (SPEC): alpha outside [0, 1] is an error instead of a clamp (4);
+//! non-finite input is an error (2) and nothing is modified.
+
+use crate::element::Float;
+use crate::error::{QuantError, Result};
+use crate::simd::F32_INF_BITS;
+
+/// Seed 002's `SmoothQuantConfig`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SmoothQuantConfig {
+    /// Balance between activations (1) and weights (0), in [0, 1].
+    pub alpha: f32,
+    /// Floor of the factors (and the offset added before `powf`).
+    pub epsilon: f32,
+}
+
+impl SmoothQuantConfig {
+    /// A config, or `InvalidConfig` naming `alpha` outside [0, 1] (the seed's
+    /// `InvalidAlpha`) or a non-finite `epsilon`.
+    pub fn new(alpha: f32, epsilon: f32) -> Result<Self> {
+        if !(0.0..=1.0).contains(&alpha) {
+            return Err(QuantError::invalid(
+                "alpha",
+                format!("expected a value in [0, 1], got {alpha}"),
+            ));
+        }
+        if !epsilon.is_finite() {
+            return Err(QuantError::invalid(
+                "epsilon",
+                format!("expected a finite value, got {epsilon}"),
+            ));
+        }
+        Ok(SmoothQuantConfig { alpha, epsilon })
+    }
+}
+
+impl Default for SmoothQuantConfig {
+    fn default() -> Self {
+        SmoothQuantConfig {
+            alpha: 0.5,
+            epsilon: 1e-5,
+        }
+    }
+}
+
+/// Per-column max |x| of a row-major `[rows, cols]` matrix, or the flat index
+/// of its first non-finite value.
+fn column_absmax<T: Float>(x: &[T], cols: usize) -> std::result::Result<Vec<f32>, usize> {
+    let mut bits = vec![0u32; cols];
+    for row in x.chunks_exact(cols.max(1)) {
+        for (b, v) in bits.iter_mut().zip(row) {
+            *b = (*b).max(v.to_f32().to_bits() & 0x7fff_ffff);
+        }
+    }
+    if bits.iter().any(|&b| b >= F32_INF_BITS) {
+        return Err(x.iter().position(|v| !v.to_f32().is_finite()).unwrap_or(0));
+    }
+    Ok(bits.into_iter().map(f32::from_bits).collect())
+}
+
+/// Seed 002's `compute_smooth_factors` for activations `[tokens, cols]` and
+/// weights `[out, cols]`: one factor per input feature (column).
+///
+/// Errors: `ShapeMismatch` when a matrix does not tile into rows of `cols`;
+/// `NonFinite` naming the argument and the first NaN or infinity.
+pub fn compute_smooth_factors<A: Float, W: Float>(
+    activations: &[A],
+    weights: &[W],
+    cols: usize,
+    config: &SmoothQuantConfig,
+) -> Result<Vec<f32>> {
+    for (arg, len) in [
+        ("activations", activations.len()),
+        ("weights", weights.len()),
+    ] {
+        if !len.is_multiple_of(cols) {
+            return Err(QuantError::ShapeMismatch {
+                arg,
+                expected: format!("rows of {cols} values"),
+                actual: format!("{len} values"),
+            });
+        }
+    }
+    let a = column_absmax(activations, cols).map_err(|index| QuantError::NonFinite {
+        arg: "activations",
+        index,
+    })?;
+    let w = column_absmax(weights, cols).map_err(|index| QuantError::NonFinite {
+        arg: "weights",
+        index,
+    })?;
+    let alpha = config.alpha;
+    let eps = config.epsilon.max(1e-10);
+    Ok(a.iter()
+        .zip(&w)
+        .map(|(&a, &w)| {
+            let num = (a + eps).powf(alpha);
+            let den = (w + eps).powf(1.0 - alpha);
+            (num / den).max(eps)
+        })
+        .collect())
+}
+
+fn check_factors(x_len: usize, factors: &[f32], arg: &'static str) -> Result<()> {
+    let cols = factors.len();
+    if !x_len.is_multiple_of(cols) {
+        return Err(QuantError::ShapeMismatch {
+            arg,
+            expected: format!("rows of {cols} values (one per smoothing factor)"),
+            actual: format!("{x_len} values"),
+        });
+    }
+    if let Some(i) = factors.iter().position(|s| !s.is_finite()) {
+        return Err(QuantError::NonFinite { arg: "s", index: i });
+    }
+    if let Some(i) = factors.iter().position(|&s| s <= 0.0) {
+        return Err(QuantError::invalid(
+            "s",
+            format!("factors must be > 0, got {} at {i}", factors[i]),
+        ));
+    }
+    Ok(())
+}
+
+fn first_non_finite(x: &[f32]) -> Option<usize> {
+    let m = x.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7fff_ffff));
+    (m >= F32_INF_BITS).then(|| x.iter().position(|v| !v.is_finite()).unwrap_or(0))
+}
+
+/// `a[i, j] /= s[j]` in place (rows of `s.len()`). Nothing is modified on
+/// error: `ShapeMismatch`, `NonFinite` (naming `a` or `s`), `InvalidConfig`
+/// for a factor <= 0.
+pub fn smooth_activations(a: &mut [f32], s: &[f32]) -> Result<()> {
+    check_factors(a.len(), s, "a")?;
+    if let Some(index) = first_non_finite(a) {
+        return Err(QuantError::NonFinite { arg: "a", index });
+    }
+    for row in a.chunks_exact_mut(s.len().max(1)) {
+        for (v, &f) in row.iter_mut().zip(s) {
+            *v /= f;
+        }
+    }
+    Ok(())
+}
+
+/// `w[i, j] *= s[j]` in place; errors as [`smooth_activations`] (naming `w`).
+pub fn smooth_weights(w: &mut [f32], s: &[f32]) -> Result<()> {
+    check_factors(w.len(), s, "w")?;
+    if let Some(index) = first_non_finite(w) {
+        return Err(QuantError::NonFinite { arg: "w", index });
+    }
+    for row in w.chunks_exact_mut(s.len().max(1)) {
+        for (v, &f) in row.iter_mut().zip(s) {
+            *v *= f;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_follow_the_seed_formula() -> Result<()> {
+        let act = [1.0f32, -4.0, 0.5, 2.0];
+        let w = [0.25f32, 1.0, -0.5, 9.0];
+        let c = SmoothQuantConfig::default();
+        let s = compute_smooth_factors(&act, &w, 2, &c)?;
+        let eps = 1e-5f32;
+        let want0 = ((1.0f32 + eps).powf(0.5) / (0.5f32 + eps).powf(0.5)).max(eps);
+        let want1 = ((4.0f32 + eps).powf(0.5) / (9.0f32 + eps).powf(0.5)).max(eps);
+        assert_eq!(s, vec![want0, want1]);
+        Ok(())
+    }
+
+    #[test]
+    fn nothing_is_modified_on_error() {
+        let mut a = [1.0f32, 2.0, f32::NAN, 4.0];
+        let before = a.map(f32::to_bits);
+        assert!(smooth_activations(&mut a, &[2.0, 2.0]).is_err());
+        assert_eq!(a.map(f32::to_bits), before);
+        let mut w = [1.0f32, 2.0, 3.0];
+        assert!(smooth_weights(&mut w, &[2.0, 2.0]).is_err());
+        assert!(smooth_weights(&mut w, &[2.0, 0.0, 1.0]).is_err());
+        assert_eq!(w, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn alpha_outside_0_1_is_refused() {
+        for a in [-0.1f32, 1.1, f32::NAN] {
+            assert!(SmoothQuantConfig::new(a, 1e-5).is_err());
+        }
+        assert!(SmoothQuantConfig::new(0.0, 1e-5).is_ok());
+        assert!(SmoothQuantConfig::new(1.0, 1e-5).is_ok());
+    }
+}
