@@ -219,3 +219,47 @@ def test_error_stats_match_a_direct_computation(rng):
     assert worst == d.max()
     assert mean == pytest.approx(d.mean(), rel=1e-12)  # chunked sum: same terms, other order
     assert error_stats(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "scheme", ["dynamic-int8", "dynamic-int8-per-row", "dynamic-int4", "bitnet-act"]
+)
+def test_activation_schemes_through_the_cli(tmp_path, scheme):
+    rng = np.random.default_rng(3)
+    src = {
+        "a.weight": rng.standard_normal((48, 40)).astype(np.float32),
+        "b.weight": rng.standard_normal((16, 24)).astype(np.float16),
+        "bias": rng.standard_normal(40).astype(np.float32),
+    }
+    model, out, back = tmp_path / "m.safetensors", tmp_path / "q.safetensors", tmp_path / "d.st"
+    stn.save_file(src, str(model))
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", scheme, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert f"2 of 3 tensors quantized with {scheme}" in r.stdout
+    got = fq.load(out)
+    quantizer = fq.get_quantizer(scheme)
+    for name in ("a.weight", "b.weight"):
+        assert got[name] == quantizer.quantize(src[name])
+    assert np.array_equal(got["bias"], src["bias"])
+    r = cli("dequantize", str(out), "-o", str(back))
+    assert r.returncode == 0, r.stderr
+    restored = stn.load_file(str(back))
+    assert restored["a.weight"].shape == (48, 40)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "shape", "why"),
+    [
+        ("dynamic-int8-per-row", (2, 3, 4), "needs a 2-D tensor, got 3-D"),
+        ("bitnet-act", (2, 2, 2, 2), "needs a 2-D or 3-D tensor, got 4-D"),
+    ],
+)
+def test_a_scheme_that_does_not_fit_a_rank_fails_before_writing(tmp_path, scheme, shape, why):
+    model, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    stn.save_file(
+        {"ok": np.ones((4, 4), np.float32), "odd": np.ones(shape, np.float32)}, str(model)
+    )
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", scheme, "--no-progress")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "'odd'" in r.stderr and why in r.stderr
+    assert not out.exists()

@@ -219,6 +219,18 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
         parts = other.split("::")
         for k in range(1, len(parts)):
             prefixes.add("::".join(parts[:k]))
+    # Fail before writing anything if the scheme cannot take a tensor's rank
+    # (dynamic-int8-per-row needs 2-D, bitnet-act 2-D or 3-D).
+    fits = getattr(quantizer, "fits", None)
+    for name in reader.names if fits else ():
+        shape = tuple(reader.tensors[name].shape)
+        if len(shape) >= 2:
+            why = fits(shape, np.dtype(np.float32))
+            if why:
+                raise CliError(
+                    f"scheme {args.scheme!r} does not fit tensor {name!r} of shape "
+                    f"{'x'.join(map(str, shape))}: {why}"
+                )
     rows: List[List[str]] = []
     in_bytes = out_bytes = 0
     t_start = time.perf_counter()
