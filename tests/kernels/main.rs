@@ -7,6 +7,7 @@ mod rng;
 
 mod affine;
 mod blockwise;
+mod dynamic;
 
 /// Thread-count changes are process-wide: tests that make them hold this lock.
 pub static THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -1,0 +1,182 @@
+//! Dynamic activation quantization (SPEC §3) and BitNet (SPEC §4): every ISA
+//! gives the scalar result bit for bit; the thread count changes nothing.
+
+use crate::rng::Rng;
+use crate::with_threads;
+use ferroquant::ops::bitnet::quantize_activations_with;
+use ferroquant::ops::dynamic::{
+    compute_scale_with, dynamic_quantize_with, num_scales, DynCodesMut, DynFormat, ScaleMode,
+};
+use ferroquant::ops::pack::packed_len;
+use ferroquant::simd::Isa;
+use half::f16;
+
+/// Values with many exact rounding ties, zeros, tiny and large magnitudes.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    (0..n)
+        .map(|i| match i % 7 {
+            0 => 0.0,
+            1 => (r.next() % 509) as f32 * 0.5 - 127.0,
+            2 => (r.unit() - 0.5) * 1e-3,
+            3 => (r.unit() - 0.5) * 3e4,
+            _ => (r.unit() - 0.5) * 8.0,
+        })
+        .collect()
+}
+
+type Out = (Vec<u8>, Vec<f32>);
+
+fn run(isa: Isa, x: &[f32], shape: &[usize], f: DynFormat, m: ScaleMode) -> Out {
+    let mut s = vec![0f32; num_scales(shape, f)];
+    let codes = if f == DynFormat::Int4PerTensor {
+        let mut c = vec![0u8; packed_len(x.len())];
+        dynamic_quantize_with(isa, x, shape, f, m, DynCodesMut::Int4(&mut c), &mut s).unwrap();
+        c
+    } else {
+        let mut c = vec![0i8; x.len()];
+        dynamic_quantize_with(isa, x, shape, f, m, DynCodesMut::Int8(&mut c), &mut s).unwrap();
+        c.iter().map(|&v| v as u8).collect()
+    };
+    (codes, s)
+}
+
+const MODES: [ScaleMode; 3] = [
+    ScaleMode::MaxAbs,
+    ScaleMode::Percentile(0.99),
+    ScaleMode::Percentile(0.3),
+];
+
+#[test]
+fn every_isa_matches_scalar_for_rows_of_every_length() {
+    for cols in 0..=70 {
+        for rows in [1usize, 2, 5] {
+            let x = values(rows * cols, (rows * 97 + cols) as u64);
+            let shape = [rows, cols];
+            for f in [
+                DynFormat::Int8PerTensor,
+                DynFormat::Int8PerRow,
+                DynFormat::Int4PerTensor,
+            ] {
+                for m in MODES {
+                    let want = run(Isa::Scalar, &x, &shape, f, m);
+                    for isa in Isa::supported() {
+                        assert_eq!(
+                            run(isa, &x, &shape, f, m),
+                            want,
+                            "{isa:?} {f:?} {m:?} {shape:?}"
+                        );
+                    }
+                }
+            }
+            for isa in Isa::supported() {
+                for m in MODES {
+                    assert_eq!(
+                        compute_scale_with(isa, &x, 127.0, m).unwrap().to_bits(),
+                        compute_scale_with(Isa::Scalar, &x, 127.0, m)
+                            .unwrap()
+                            .to_bits()
+                    );
+                }
+                for bits in 2..=8 {
+                    let groups = rows;
+                    let (mut c1, mut s1) = (vec![0i8; x.len()], vec![0f32; groups]);
+                    let (mut c2, mut s2) = (vec![0i8; x.len()], vec![0f32; groups]);
+                    quantize_activations_with(isa, &x, cols, bits, &mut c1, &mut s1).unwrap();
+                    quantize_activations_with(Isa::Scalar, &x, cols, bits, &mut c2, &mut s2)
+                        .unwrap();
+                    assert_eq!((c1, s1), (c2, s2), "bitnet {isa:?} {bits} {shape:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn half_inputs_are_their_f32_values() {
+    let x = values(4099, 3);
+    let xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let xf: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
+    for f in [
+        DynFormat::Int8PerTensor,
+        DynFormat::Int8PerRow,
+        DynFormat::Int4PerTensor,
+    ] {
+        for m in MODES {
+            let shape = [1, 4099];
+            let mut s = vec![0f32; num_scales(&shape, f)];
+            let mut c = vec![0i8; 4099];
+            let mut p = vec![0u8; packed_len(4099)];
+            let codes = match f {
+                DynFormat::Int4PerTensor => DynCodesMut::Int4(&mut p),
+                _ => DynCodesMut::Int8(&mut c),
+            };
+            dynamic_quantize_with(Isa::detected(), &xh, &shape, f, m, codes, &mut s).unwrap();
+            let got = if f == DynFormat::Int4PerTensor {
+                p.clone()
+            } else {
+                c.iter().map(|&v| v as u8).collect()
+            };
+            assert_eq!((got, s), run(Isa::Scalar, &xf, &shape, f, m), "{f:?} {m:?}");
+        }
+    }
+}
+
+#[test]
+fn large_inputs_do_not_depend_on_the_thread_count() {
+    let (rows, cols) = (1024, 1031);
+    let x = values(rows * cols, 11);
+    for f in [
+        DynFormat::Int8PerTensor,
+        DynFormat::Int8PerRow,
+        DynFormat::Int4PerTensor,
+    ] {
+        for m in [ScaleMode::MaxAbs, ScaleMode::Percentile(0.999)] {
+            let outs = with_threads(&[1, 2, 3], |_| {
+                run(Isa::detected(), &x, &[rows, cols], f, m)
+            });
+            assert_eq!(outs[0], outs[1], "{f:?} {m:?}");
+            assert_eq!(outs[0], outs[2], "{f:?} {m:?}");
+        }
+    }
+    let outs = with_threads(&[1, 3], |_| {
+        let (mut c, mut s) = (vec![0i8; x.len()], vec![0f32; rows]);
+        quantize_activations_with(Isa::detected(), &x, cols, 8, &mut c, &mut s).unwrap();
+        (c, s)
+    });
+    assert_eq!(outs[0], outs[1]);
+}
+
+#[test]
+fn the_first_non_finite_index_does_not_depend_on_the_thread_count() {
+    let (rows, cols) = (1024, 1024);
+    let mut x = values(rows * cols, 5);
+    x[900_001] = f32::INFINITY;
+    x[600_000] = f32::NAN;
+    for f in [
+        DynFormat::Int8PerTensor,
+        DynFormat::Int8PerRow,
+        DynFormat::Int4PerTensor,
+    ] {
+        for m in [ScaleMode::MaxAbs, ScaleMode::Percentile(0.5)] {
+            let errs = with_threads(&[1, 2, 3], |_| {
+                let mut s = vec![0f32; num_scales(&[rows, cols], f)];
+                let mut c = vec![0i8; x.len()];
+                let mut p = vec![0u8; packed_len(x.len())];
+                let codes = match f {
+                    DynFormat::Int4PerTensor => DynCodesMut::Int4(&mut p),
+                    _ => DynCodesMut::Int8(&mut c),
+                };
+                dynamic_quantize_with(Isa::detected(), &x, &[rows, cols], f, m, codes, &mut s)
+                    .unwrap_err()
+            });
+            for e in errs {
+                assert_eq!(e.to_string(), errs_string(600_000), "{f:?} {m:?}");
+            }
+        }
+    }
+}
+
+fn errs_string(i: usize) -> String {
+    format!("x holds a non-finite value (NaN or ±inf) at flat index {i}")
+}
