@@ -11,14 +11,15 @@ use ferroquant::ops::affine::{
     dequantize, num_groups, quantize, Bits, Codes, CodesMut, Granularity, Mode, QuantConfig,
 };
 use ferroquant::ops::pack::packed_len;
-use ferroquant::Float;
 use half::{bf16, f16};
-use safetensors::tensor::{Dtype, TensorView};
-use std::collections::HashMap;
+use safetensors::tensor::Dtype;
 
 #[path = "../tests/common/rng.rs"]
 mod rng;
 use rng::Rng;
+#[path = "../tests/common/golden.rs"]
+mod golden;
+use golden::{bytes, Le, Tensors};
 
 /// Noise with exact .5 ties of the int8/int4 grids, near-ties, zeros, an outlier.
 fn values(n: usize, seed: u64, scale: f64) -> Vec<f64> {
@@ -33,37 +34,6 @@ fn values(n: usize, seed: u64, scale: f64) -> Vec<f64> {
             _ => (r.unit() as f64 - 0.5) * 200.0 * scale,
         })
         .collect()
-}
-
-type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
-
-trait Le: Float {
-    const DTYPE: Dtype;
-    fn le(self) -> Vec<u8>;
-}
-impl Le for f32 {
-    const DTYPE: Dtype = Dtype::F32;
-    fn le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-}
-impl Le for f64 {
-    const DTYPE: Dtype = Dtype::F64;
-    fn le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-}
-impl Le for f16 {
-    const DTYPE: Dtype = Dtype::F16;
-    fn le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-}
-impl Le for bf16 {
-    const DTYPE: Dtype = Dtype::BF16;
-    fn le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
 }
 
 fn name(c: &QuantConfig) -> (u32, &'static str, &'static str) {
@@ -102,21 +72,11 @@ fn run<T: Le>(x: &[T], shape: &[usize], c: QuantConfig, i: usize, out: &mut Tens
         }
     };
     let f64s = |v: &[f64]| v.iter().flat_map(|e| e.to_le_bytes()).collect::<Vec<u8>>();
-    out.push((
-        format!("c{i}.x"),
-        T::DTYPE,
-        shape.to_vec(),
-        x.iter().flat_map(|e| e.le()).collect(),
-    ));
+    out.push((format!("c{i}.x"), T::DTYPE, shape.to_vec(), bytes(x)));
     out.push((format!("c{i}.data"), data.0, data.1, data.2));
     out.push((format!("c{i}.scales"), Dtype::F64, vec![g], f64s(&s)));
     out.push((format!("c{i}.zero_points"), Dtype::F64, vec![g], f64s(&z)));
-    out.push((
-        format!("c{i}.deq"),
-        T::DTYPE,
-        shape.to_vec(),
-        deq.iter().flat_map(|e| e.le()).collect(),
-    ));
+    out.push((format!("c{i}.deq"), T::DTYPE, shape.to_vec(), bytes(&deq)));
     let (bits, mode, gran) = name(&c);
     format!(
         r#"{{"case": "c{i}", "shape": {shape:?}, "bits": {bits}, "mode": "{mode}", "granularity": "{gran}"}}"#
@@ -158,20 +118,5 @@ fn main() {
         params.push(run(&[2.5f32], &[], c, base + 4, &mut tensors));
         params.push(run::<f32>(&[], &[3, 0], c, base + 5, &mut tensors));
     }
-    let views: Vec<(String, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dt, shape, data)| {
-            (
-                name.clone(),
-                TensorView::new(*dt, shape.clone(), data).unwrap(),
-            )
-        })
-        .collect();
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/golden/affine.safetensors"
-    );
-    let meta = HashMap::from([("cases".to_string(), format!("[{}]", params.join(", ")))]);
-    safetensors::serialize_to_file(views, Some(meta), std::path::Path::new(path)).unwrap();
-    println!("wrote {path} ({} cases)", params.len());
+    golden::write("affine.safetensors", &tensors, &params);
 }

@@ -81,3 +81,57 @@ def test_wheel_matches_rust_affine_bit_for_bit(params, arrays):
     deq = fq.dequantize(q)
     assert deq.dtype == x.dtype and deq.shape == tuple(params["shape"])
     assert deq.tobytes() == arrays["deq"].tobytes()
+
+
+DYNAMIC = Path(__file__).parent / "golden" / "dynamic.safetensors"
+_DYN_FUNCS = {
+    "int8_per_tensor": fq.dynamic_quantize_int8,
+    "int8_per_row": fq.dynamic_quantize_int8_per_row,
+    "int4_per_tensor": fq.dynamic_quantize_int4,
+}
+
+
+def _dynamic_cases():
+    with safe_open(str(DYNAMIC), framework="np") as f:
+        names = set(f.keys())
+        for params in json.loads(f.metadata()["cases"]):
+            case = params["case"]
+            arrays = {
+                k.split(".", 1)[1]: f.get_tensor(k) for k in names if k.startswith(case + ".")
+            }
+            yield pytest.param(params, arrays, id=f"{case}-{params['kind']}")
+
+
+def test_dynamic_golden_file_covers_every_kind():
+    cases = [p.values for p in _dynamic_cases()]
+    kinds = {p["kind"] for p, _ in cases}
+    assert kinds == {"dynamic", "bitnet", "smooth"}
+    fmts = {p["format"] for p, _ in cases if p["kind"] == "dynamic"}
+    assert fmts == set(_DYN_FUNCS)
+    dtypes = {str(a["x"].dtype) for p, a in cases if p["kind"] == "dynamic"}
+    assert dtypes == {"float32", "float16", "bfloat16", "float64"}
+
+
+@pytest.mark.parametrize(("params", "arrays"), list(_dynamic_cases()))
+def test_wheel_matches_rust_dynamic_bit_for_bit(params, arrays):
+    def same(got, want):
+        assert np.asarray(got).dtype == want.dtype
+        assert np.asarray(got).tobytes() == want.tobytes()
+
+    if params["kind"] == "smooth":
+        cfg = fq.SmoothQuantConfig(params["alpha"], params["epsilon"])
+        same(fq.compute_smooth_factors(arrays["a"], arrays["w"], cfg), arrays["factors"])
+        return
+    x = arrays["x"].reshape(params["shape"])
+    if params["kind"] == "bitnet":
+        q = fq.quantize_activations(x, fq.BitNetConfig(params["bits"], params["per_token"]))
+        same(q.data, arrays["data"])
+        same(q.scales, arrays["scales"])
+        same(q.dequantize(), arrays["deq"])
+        return
+    mode = fq.MaxAbs() if params["p"] is None else fq.Percentile(params["p"])
+    q = _DYN_FUNCS[params["format"]](x, mode)
+    same(q.data, arrays["data"])
+    same(q.scales, arrays["scales"])
+    same(q.dequantize(), arrays["deq"])
+    same(np.float32(fq.compute_scale(x, 127.0, mode)), arrays["scale127"])
