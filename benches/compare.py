@@ -37,7 +37,7 @@ import numpy as np
 
 import ferroquant as fq
 
-FAMILIES = ("blockwise", "affine")
+FAMILIES = ("blockwise", "affine", "activation")
 Row = Dict[str, object]
 
 

@@ -6,6 +6,7 @@ import numpy.typing as npt
 
 __all__ = [
     "__version__",
+    "calib_batch",
     "compute_scale",
     "compute_smooth_factors",
     "dequantize_affine",
@@ -83,3 +84,6 @@ def compute_smooth_factors(
 def smooth_in_place(
     x: npt.NDArray[np.float32], arg: str, factors: npt.NDArray[np.float32], multiply: bool
 ) -> None: ...
+def calib_batch(
+    x: npt.NDArray[np.floating], threshold: int
+) -> Tuple[int, float, float, float, float, npt.NDArray[np.uint32], int]: ...

@@ -221,8 +221,8 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
             prefixes.add("::".join(parts[:k]))
     # Fail before writing anything if the scheme cannot take a tensor's rank
     # (dynamic-int8-per-row needs 2-D, bitnet-act 2-D or 3-D).
-    fits = getattr(quantizer, "fits", None)
-    for name in reader.names if fits else ():
+    fits: Any = getattr(quantizer, "fits", None)
+    for name in reader.names if fits is not None else ():
         shape = tuple(reader.tensors[name].shape)
         if len(shape) >= 2:
             why = fits(shape, np.dtype(np.float32))

@@ -425,59 +425,57 @@ def _collect(batches: Any) -> CalibStats:
     n = 0
     lo, hi = np.float32(np.inf), np.float32(-np.inf)
     mean, m2 = 0.0, 0.0
-    kept = np.zeros(0, np.float32)
-    dropped = np.float32(-1.0)  # the largest |x| let go of (-1: none)
+    kept = np.zeros(0, np.uint32)  # bit patterns of the largest |x| seen
+    dropped = -1  # the largest |x| bit pattern let go of (-1: none)
     for k, batch in enumerate(batches):
         arr = float_input(batch, f"batches[{k}]")
-        with np.errstate(over="ignore"):
-            v = arr.astype(np.float32, copy=False).reshape(-1)
-        if v.size == 0:
+        if arr.size == 0:
             continue
-        finite = np.isfinite(v)
-        if not finite.all():
-            i = int(np.argmin(finite))
+        # Keep the largest |x| the final p99 can need: exactly that many when the
+        # total is known up front, else twice what the count so far needs.
+        keep = _needed(total) if total is not None else 2 * _needed(n + arr.size) + 1024
+        # Below the smallest kept value once `kept` is full, nothing can enter it.
+        threshold = int(kept.min()) if kept.size >= keep else 0
+        try:
+            b, b_lo, b_hi, b_mean, b_m2, cand, below = _native.calib_batch(arr, threshold)
+        except NonFiniteError as e:
+            i = e.index or 0
             raise NonFiniteError(
                 f"batches[{k}] holds a non-finite value (NaN or ±inf) at flat index {i} "
                 f"(index {n + i} over all batches)",
                 n + i,
-            )
-        lo, hi = min(lo, v.min()), max(hi, v.max())
+            ) from None
+        if threshold and below:
+            dropped = max(dropped, int(below))
+        lo, hi = min(lo, np.float32(b_lo)), max(hi, np.float32(b_hi))
         # Chan et al.'s pairwise update of the mean and the sum of squared deviations.
-        b = v.size
-        d64 = v.astype(np.float64)
-        b_mean = float(d64.sum()) / b
-        b_m2 = float(np.square(d64 - b_mean).sum())
         delta = b_mean - mean
         mean += delta * b / (n + b)
         m2 += b_m2 + delta * delta * n * b / (n + b)
         n += b
-        # Keep the largest |x| the final p99 can need: exactly that many when the
-        # total is known up front, else twice what the count so far needs.
-        keep = _needed(total) if total is not None else 2 * _needed(n) + 1024
-        cand = np.concatenate([kept, np.abs(v)])
-        if cand.size > keep:
-            cut = cand.size - keep
-            part = np.partition(cand, cut - 1)
-            dropped = max(dropped, part[cut - 1])
+        both = np.concatenate([kept, cand]) if kept.size else cand
+        if both.size > keep:
+            cut = both.size - keep
+            part = np.partition(both, cut - 1)
+            dropped = max(dropped, int(part[cut - 1]))
             kept = part[cut:].copy()
         else:
-            kept = cand
+            kept = both
     if n == 0:
         return CalibStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     m = _needed(n)
-    if kept.size >= m:
-        p99 = np.partition(kept, kept.size - m)[kept.size - m]
-    else:  # pragma: no cover - cannot happen: kept always holds _needed(n) or more
-        p99 = kept.min() if kept.size else dropped
-    if p99 < dropped:
+    exact = kept.size >= m
+    bits = int(np.partition(kept, kept.size - m)[kept.size - m]) if exact else -1
+    if bits < dropped:
         # A value let go of may rank higher than p99: return the upper bound.
         warn(
             "CalibStats.collect: the batches grew so much after the first ones that "
-            f"values the exact p99 needs were let go; {float(dropped)} is an upper bound. "
+            "values the exact p99 needs were let go; the p99 returned is an upper bound. "
             "Pass a list of batches (its total size is read first) to get the exact value",
             PrecisionWarning,
         )
-        p99 = dropped
+        bits = dropped
+    p99 = np.uint32(bits).view(np.float32)
     max_abs = max(abs(lo), abs(hi))
     if p99 > 0:
         suggested = np.float32(p99) / np.float32(127)
@@ -489,7 +487,7 @@ def _collect(batches: Any) -> CalibStats:
         min=float(lo),
         max=float(hi),
         mean=float(np.float32(mean)),
-        std_dev=float(np.float32(math.sqrt(m2 / n))),
+        std_dev=float(np.float32(math.sqrt(max(m2, 0.0) / n))),
         p99=float(p99),
         suggested_scale=float(suggested),
     )

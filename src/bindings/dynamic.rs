@@ -4,10 +4,10 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
-use crate::ops::bitnet;
+use crate::ops::{bitnet, calib};
 use crate::ops::dynamic::{self as dq, DynCodes, DynCodesMut, DynFormat, ScaleMode};
 use crate::ops::pack::packed_len;
-use numpy::PyArray1;
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
 fn mode(py: Python<'_>, p: Option<f64>) -> PyResult<ScaleMode> {
@@ -153,11 +153,31 @@ pub(crate) fn quantize_bitnet<'py>(
     })
 }
 
+type CalibBatch<'py> = (u64, f32, f32, f64, f64, Bound<'py, PyArray1<u32>>, u32);
+
+/// One batch's calibration statistics: `(n, min, max, mean, m2, candidates,
+/// below_max)`, `candidates` the uint32 bit patterns of every `|x|` at or above
+/// `threshold`, `below_max` the largest below it.
+#[pyfunction]
+#[pyo3(signature = (x, threshold))]
+pub(crate) fn calib_batch<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    threshold: u32,
+) -> PyResult<CalibBatch<'py>> {
+    let x = FloatArray::extract("x", x)?;
+    let s = with_float_slice!(x, xs => py.detach(|| calib::batch_stats(xs, threshold)))
+        .map_err(|e| to_pyerr(py, e))?;
+    let c = s.candidates.into_pyarray(py);
+    Ok((s.n, s.min, s.max, s.mean, s.m2, c, s.below_max))
+}
+
 /// Register this family's functions.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compute_scale, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_dynamic, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize_groups, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_bitnet, m)?)?;
+    m.add_function(wrap_pyfunction!(calib_batch, m)?)?;
     Ok(())
 }

@@ -10,6 +10,7 @@
 pub mod affine;
 pub mod bitnet;
 pub mod blockwise;
+pub mod calib;
 pub(crate) mod drive;
 pub mod dynamic;
 pub mod pack;
