@@ -405,3 +405,71 @@ def test_calib_stats_errors():
     assert e.value.index == 4 and "batches[1]" in str(e.value)
     with pytest.raises(TypeError, match=r"batches\[0\]"):
         fq.CalibStats.collect([np.ones(3, np.int64)])
+
+
+# -- Regressions from the adversarial review -------------------------------------------
+
+
+def test_smooth_factors_of_a_huge_empty_matrix_raise_memory_error():
+    from helpers import run_python
+
+    r = run_python(
+        "import numpy as np, ferroquant as fq\n"
+        "a = np.zeros((0, 2**40), np.float32)\n"
+        "try:\n    fq.compute_smooth_factors(a, a)\n"
+        "except MemoryError:\n    print('MemoryError')\n"
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "MemoryError", r.stderr
+
+
+def test_mae_and_compute_scale_check_their_arguments():
+    q = fq.dynamic_quantize_int8(np.ones(3, np.float32))
+    for bad in (np.array([1, np.nan, 1], np.float32), np.array([1.0, 1e39, 1.0])):
+        with pytest.raises(fq.NonFiniteError, match="original") as e:
+            fq.quantization_mae(bad, q)
+        assert e.value.index == 1
+    x = np.ones(3, np.float32)
+    for bad in (0, -127, 1e39, float("nan"), float("inf")):
+        with pytest.raises(fq.InvalidConfigError, match="clip_val"):
+            fq.compute_scale(x, bad)
+    for bad in (None, "127", True):
+        with pytest.raises(TypeError, match="clip_val"):
+            fq.compute_scale(x, bad)  # type: ignore[arg-type]
+
+
+def test_config_values_beyond_float_range_are_invalid_configs():
+    with pytest.raises(fq.InvalidConfigError):
+        fq.Percentile(2**2000)
+    with pytest.raises(fq.InvalidConfigError):
+        fq.SmoothQuantConfig(alpha=2**2000)
+    with pytest.raises(fq.InvalidConfigError, match="epsilon"):
+        fq.SmoothQuantConfig(epsilon=1e39)
+    with pytest.raises(fq.InvalidConfigError, match="epsilon"):
+        fq.SmoothQuantConfig(epsilon=-1.0)
+
+
+def test_smoothing_misaligned_and_aliased_arrays():
+    buf = np.zeros(25, np.uint8)
+    a = buf[1:].view(np.float32).reshape(3, 2)
+    a[:] = 1
+    with pytest.raises(ValueError, match="aligned"):
+        fq.smooth_activations(a, np.ones(2, np.float32))
+    assert (a == 1).all()
+    a = np.arange(2, 8, dtype=np.float32).reshape(3, 2)
+    want = a / a[0].copy()
+    fq.smooth_activations(a, a[0])  # factors read as they were before the call
+    assert a.tobytes() == want.tobytes()
+
+
+def test_int4_unused_high_nibble_must_be_zero():
+    with pytest.raises(fq.InvalidConfigError, match="nibble"):
+        fq.DynQuantTensor(
+            np.array([0x71], np.uint8), np.ones(1, np.float32), (1,), "int4_per_tensor"
+        )
+
+
+def test_calib_stats_takes_an_array_as_one_batch_and_names_ragged_batches(rng):
+    x = rng.standard_normal((50, 40)).astype(np.float32)
+    assert fq.CalibStats.collect(x) == fq.CalibStats.collect(list(x))
+    with pytest.raises(TypeError, match=r"batches\[1\]"):
+        fq.CalibStats.collect([np.ones(3), [1.0, [2.0, 3.0]]])

@@ -75,8 +75,9 @@ class Quantized:
     def _trusted(cls: Type[Q], **fields: Any) -> Q:
         """Build from arrays a kernel just made (read-only, consistent): no re-validation."""
         obj = object.__new__(cls)
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            object.__setattr__(obj, f.name, fields[f.name])
+        # A frozen dataclass without slots keeps its fields in __dict__; writing
+        # it directly skips __setattr__ (and dataclasses.fields) on every call.
+        obj.__dict__.update(fields)
         return obj
 
     @property

@@ -115,6 +115,10 @@ def is_float_dtype(dt: np.dtype) -> bool:
     return dt.name in FLOAT_DTYPE_NAMES or (dt.kind == "f" and dt.itemsize in (2, 4, 8))
 
 
+#: Native-byte-order dtypes the kernels read in place.
+_READY = frozenset(dt.newbyteorder("=") for dt in FLOAT_DTYPES.values())
+
+
 def kernel_layout(arr: np.ndarray, dtype: Optional[np.dtype] = None) -> np.ndarray:
     """``arr`` itself if the kernels can read it in place (C-contiguous, aligned,
     native byte order), else one copy that they can. Never modifies ``arr``."""
@@ -137,6 +141,10 @@ def float_input(x: Any, arg: str) -> np.ndarray:
     place); other layouts cost one copy. Other dtypes raise ``TypeError``
     naming ``arg``.
     """
+    if type(x) is np.ndarray and x.dtype in _READY:
+        flags = x.flags
+        if flags.c_contiguous and flags.aligned:
+            return x  # the common case, checked first: small calls stay cheap
     arr = x if isinstance(x, np.ndarray) else np.asarray(x)
     dt = arr.dtype
     if not is_float_dtype(dt):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Tuple, Union
+from typing import Any, ClassVar, List, Tuple, Union
 
 import numpy as np
 
@@ -61,7 +61,10 @@ class Percentile:
             p, (int, float, np.floating, np.integer)
         ):
             raise InvalidConfigError(f"p must be a number in (0, 1], got {p!r}")
-        p = float(p)
+        try:
+            p = float(p)
+        except OverflowError:
+            raise InvalidConfigError(f"p must be in (0, 1], got {self.p!r}") from None
         if not (0.0 < p <= 1.0):
             raise InvalidConfigError(f"p must be in (0, 1], got {p}")
         object.__setattr__(self, "p", p)
@@ -144,6 +147,8 @@ class DynQuantTensor(Quantized):
             bad = int(np.flatnonzero(~ok)[0])
             raise InvalidConfigError(f"scales must be finite and >= 0, got {scales[bad]} at {bad}")
         clip = 7 if int4 else 127
+        if int4 and n % 2 and data.size and data[-1] >> 4:
+            raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         if data.size:
             codes = unpack_int4(data, n) if int4 else data
             if codes.size and (codes.min() < -clip or codes.max() > clip):
@@ -214,9 +219,16 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
         NonFiniteError: ``x`` holds NaN or an infinity.
     """
     p = _percentile(mode)
+    if isinstance(clip_val, (bool, np.bool_)) or not isinstance(
+        clip_val, (int, float, np.floating, np.integer)
+    ):
+        raise TypeError(f"clip_val must be a number, got {type(clip_val).__name__}")
+    with np.errstate(over="ignore"):
+        clip = np.float32(clip_val) if abs(float(clip_val)) < 1e39 else np.float32(np.inf)
+    if not (np.isfinite(clip) and clip > 0):
+        raise InvalidConfigError(f"clip_val must be finite and > 0 in float32, got {clip_val!r}")
     arr = float_input(x, "x")
-    clip = float(np.float32(clip_val))
-    return float(_native.compute_scale(arr, clip, p))
+    return float(_native.compute_scale(arr, float(clip), p))
 
 
 def _quantize(x: Any, fmt: str, mode: Any, arg: str = "x") -> DynQuantTensor:
@@ -260,7 +272,14 @@ def quantization_mae(original: Any, q: DynQuantTensor) -> float:
     over the common length of the flattened arrays, accumulated in f32 in order."""
     if not isinstance(q, DynQuantTensor):
         raise TypeError(f"q must be a DynQuantTensor, got {type(q).__name__}")
-    orig = float_input(original, "original").reshape(-1).astype(np.float32)
+    with np.errstate(over="ignore"):
+        orig = float_input(original, "original").reshape(-1).astype(np.float32)
+    finite = np.isfinite(orig)
+    if not finite.all():
+        i = int(np.argmin(finite))
+        raise NonFiniteError(
+            f"original holds a non-finite value (NaN or ±inf) at flat index {i}", i
+        )
     rec = q.dequantize().reshape(-1)
     n = min(orig.size, rec.size)
     if n == 0:
@@ -298,11 +317,18 @@ class SmoothQuantConfig:
                 v, (int, float, np.floating, np.integer)
             ):
                 raise InvalidConfigError(f"{name} must be a number, got {v!r}")
-            object.__setattr__(self, name, float(v))
+            try:
+                object.__setattr__(self, name, float(v))
+            except OverflowError:
+                raise InvalidConfigError(f"{name} must be a float32 number, got {v!r}") from None
         if not (0.0 <= self.alpha <= 1.0):
             raise InvalidConfigError(f"alpha must be in [0, 1], got {self.alpha}")
-        if not math.isfinite(self.epsilon):
-            raise InvalidConfigError(f"epsilon must be finite, got {self.epsilon}")
+        with np.errstate(over="ignore"):
+            eps32 = np.float32(self.epsilon)
+        if not (np.isfinite(eps32) and eps32 >= 0):
+            raise InvalidConfigError(
+                f"epsilon must be finite and >= 0 in float32, got {self.epsilon}"
+            )
 
 
 def compute_smooth_factors(
@@ -337,8 +363,8 @@ def compute_smooth_factors(
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
     if not isinstance(x, np.ndarray) or x.dtype != np.float32:
         raise ValueError(f"{arg} must be a writable C-contiguous float32 array, got {_describe(x)}")
-    if not x.flags.c_contiguous or not x.flags.writeable:
-        raise ValueError(f"{arg} must be a writable C-contiguous float32 array")
+    if not (x.flags.c_contiguous and x.flags.writeable and x.flags.aligned):
+        raise ValueError(f"{arg} must be a writable, aligned, C-contiguous float32 array")
     if not isinstance(s, np.ndarray) or s.dtype.newbyteorder("=") != np.float32:
         raise TypeError(f"s must be a float32 array, got {_describe(s)}")
     if x.ndim != 2:
@@ -347,7 +373,8 @@ def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
         raise ShapeMismatchError(
             f"s: expected shape ({x.shape[1]},), one factor per column of {arg}, got {s.shape}"
         )
-    factors = np.ascontiguousarray(s, np.float32)
+    # Factors that share memory with the array (s = a[0]) are read as they were.
+    factors = s.copy() if np.shares_memory(x, s) else np.ascontiguousarray(s, np.float32)
     _native.smooth_in_place(x, arg, factors, multiply)
     return x
 
@@ -419,23 +446,50 @@ def _needed(n: int) -> int:
     return n - _percentile_rank(0.99, n) if n else 0
 
 
+def _size(batch: Any, k: int) -> int:
+    try:
+        return math.prod(np.shape(batch))
+    except ValueError as e:  # ragged nested lists
+        raise TypeError(f"batches[{k}] must be a floating array: {e}") from None
+
+
 def _collect(batches: Any) -> CalibStats:
+    if isinstance(batches, np.ndarray):
+        batches = (batches,)  # one batch, not one per row (or per scalar): same statistics
     sized = isinstance(batches, (list, tuple))
-    total = sum(math.prod(np.shape(b)) for b in batches) if sized else None
+    total = sum(_size(b, k) for k, b in enumerate(batches)) if sized else None
     n = 0
     lo, hi = np.float32(np.inf), np.float32(-np.inf)
     mean, m2 = 0.0, 0.0
     kept = np.zeros(0, np.uint32)  # bit patterns of the largest |x| seen
+    pending: List[np.ndarray] = []  # candidates not merged into `kept` yet
+    waiting = 0
+    threshold = 0  # below the smallest kept value once `kept` was full
     dropped = -1  # the largest |x| bit pattern let go of (-1: none)
+    keep = 0
+
+    def compact() -> None:
+        nonlocal kept, pending, waiting, threshold, dropped
+        both = np.concatenate([kept, *pending]) if pending else kept
+        pending, waiting = [], 0
+        if both.size > keep:
+            cut = both.size - keep
+            part = np.partition(both, cut - 1)
+            dropped = max(dropped, int(part[cut - 1]))
+            both = part[cut:].copy()
+        kept = both
+        threshold = int(kept.min()) if kept.size and kept.size >= keep else 0
+
     for k, batch in enumerate(batches):
-        arr = float_input(batch, f"batches[{k}]")
+        try:
+            arr = float_input(batch, f"batches[{k}]")
+        except ValueError as e:  # ragged nested lists
+            raise TypeError(f"batches[{k}] must be a floating array: {e}") from None
         if arr.size == 0:
             continue
         # Keep the largest |x| the final p99 can need: exactly that many when the
         # total is known up front, else twice what the count so far needs.
         keep = _needed(total) if total is not None else 2 * _needed(n + arr.size) + 1024
-        # Below the smallest kept value once `kept` is full, nothing can enter it.
-        threshold = int(kept.min()) if kept.size >= keep else 0
         try:
             b, b_lo, b_hi, b_mean, b_m2, cand, below = _native.calib_batch(arr, threshold)
         except NonFiniteError as e:
@@ -453,14 +507,13 @@ def _collect(batches: Any) -> CalibStats:
         mean += delta * b / (n + b)
         m2 += b_m2 + delta * delta * n * b / (n + b)
         n += b
-        both = np.concatenate([kept, cand]) if kept.size else cand
-        if both.size > keep:
-            cut = both.size - keep
-            part = np.partition(both, cut - 1)
-            dropped = max(dropped, int(part[cut - 1]))
-            kept = part[cut:].copy()
-        else:
-            kept = both
+        if cand.size:
+            pending.append(cand)
+            waiting += cand.size
+        # Merge only once the candidates outnumber what is kept: linear overall.
+        if waiting > keep + 4096:
+            compact()
+    compact()
     if n == 0:
         return CalibStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     m = _needed(n)

@@ -4,9 +4,9 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
-use crate::ops::{bitnet, calib};
 use crate::ops::dynamic::{self as dq, DynCodes, DynCodesMut, DynFormat, ScaleMode};
 use crate::ops::pack::packed_len;
+use crate::ops::{bitnet, calib};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 

@@ -1,10 +1,10 @@
 //! SmoothQuant (SPEC §3): factors from two matrices of any float dtype, and
 //! the in-place smoothing of a writable C-contiguous float32 array.
 
-use super::arrays::{exact, with_float_slice, FloatArray};
+use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
 use crate::ops::smooth::{self as sm, SmoothQuantConfig};
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods, ToPyArray};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -23,13 +23,18 @@ pub(crate) fn compute_smooth_factors<'py>(
     let config = SmoothQuantConfig::new(alpha, epsilon).map_err(|e| to_pyerr(py, e))?;
     let a = FloatArray::extract("activations", activations)?;
     let w = FloatArray::extract("weights", weights)?;
-    let s = with_float_slice!(a, av => {
-        with_float_slice!(w, wv => {
-            py.detach(|| sm::compute_smooth_factors(av, wv, cols, &config))
+    let out = output::<f32>(py, cols)?;
+    {
+        let mut ow = writable(&out)?;
+        let os = ow.as_slice_mut()?;
+        with_float_slice!(a, av => {
+            with_float_slice!(w, wv => {
+                py.detach(|| sm::compute_smooth_factors_into(av, wv, cols, &config, os))
+            })
         })
-    })
-    .map_err(|e| to_pyerr(py, e))?;
-    Ok(s.to_pyarray(py))
+        .map_err(|e| to_pyerr(py, e))?;
+    }
+    Ok(out)
 }
 
 /// Divide (`multiply == false`) or multiply the rows of `x` by the factors,

@@ -173,7 +173,10 @@ mod tests {
         assert!((s.m2 - want).abs() < 1e-12);
         let mut c = s.candidates.clone();
         c.sort();
-        assert_eq!(c, vec![2.0f32.to_bits(), 3.0f32.to_bits(), 4.0f32.to_bits()]);
+        assert_eq!(
+            c,
+            vec![2.0f32.to_bits(), 3.0f32.to_bits(), 4.0f32.to_bits()]
+        );
         let bad = [1.0f32, f32::NAN];
         assert!(matches!(
             batch_stats(&bad, 0),

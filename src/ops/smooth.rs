@@ -32,10 +32,10 @@ impl SmoothQuantConfig {
                 format!("expected a value in [0, 1], got {alpha}"),
             ));
         }
-        if !epsilon.is_finite() {
+        if !epsilon.is_finite() || epsilon < 0.0 {
             return Err(QuantError::invalid(
                 "epsilon",
-                format!("expected a finite value, got {epsilon}"),
+                format!("expected a finite value >= 0, got {epsilon}"),
             ));
         }
         Ok(SmoothQuantConfig { alpha, epsilon })
@@ -51,19 +51,24 @@ impl Default for SmoothQuantConfig {
     }
 }
 
-/// Per-column max |x| of a row-major `[rows, cols]` matrix, or the flat index
-/// of its first non-finite value.
-fn column_absmax<T: Float>(x: &[T], cols: usize) -> std::result::Result<Vec<f32>, usize> {
-    let mut bits = vec![0u32; cols];
-    for row in x.chunks_exact(cols.max(1)) {
-        for (b, v) in bits.iter_mut().zip(row) {
+/// Columns handled at a time: the running column maxima of one block of
+/// columns stay in L1 (two 16 KiB arrays) while the rows stream past.
+const COL_BLOCK: usize = 4096;
+
+/// Max |x| bit patterns of columns `c0..c0 + m.len()` of a row-major matrix
+/// with rows of `cols` values, into `m`.
+fn block_absmax<T: Float>(x: &[T], cols: usize, c0: usize, m: &mut [u32]) {
+    m.fill(0);
+    let k = m.len();
+    for row in x.chunks_exact(cols) {
+        for (b, v) in m.iter_mut().zip(&row[c0..c0 + k]) {
             *b = (*b).max(v.to_f32().to_bits() & 0x7fff_ffff);
         }
     }
-    if bits.iter().any(|&b| b >= F32_INF_BITS) {
-        return Err(x.iter().position(|v| !v.to_f32().is_finite()).unwrap_or(0));
-    }
-    Ok(bits.into_iter().map(f32::from_bits).collect())
+}
+
+fn first_non_finite_of<T: Float>(x: &[T]) -> usize {
+    x.iter().position(|v| !v.to_f32().is_finite()).unwrap_or(0)
 }
 
 /// Seed 002's `compute_smooth_factors` for activations `[tokens, cols]` and
@@ -77,6 +82,20 @@ pub fn compute_smooth_factors<A: Float, W: Float>(
     cols: usize,
     config: &SmoothQuantConfig,
 ) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; cols];
+    compute_smooth_factors_into(activations, weights, cols, config, &mut out)?;
+    Ok(out)
+}
+
+/// [`compute_smooth_factors`] into a caller's `out` of `cols` values (no
+/// allocation: the columns are handled a block at a time).
+pub fn compute_smooth_factors_into<A: Float, W: Float>(
+    activations: &[A],
+    weights: &[W],
+    cols: usize,
+    config: &SmoothQuantConfig,
+    out: &mut [f32],
+) -> Result<()> {
     for (arg, len) in [
         ("activations", activations.len()),
         ("weights", weights.len()),
@@ -89,24 +108,40 @@ pub fn compute_smooth_factors<A: Float, W: Float>(
             });
         }
     }
-    let a = column_absmax(activations, cols).map_err(|index| QuantError::NonFinite {
-        arg: "activations",
-        index,
-    })?;
-    let w = column_absmax(weights, cols).map_err(|index| QuantError::NonFinite {
-        arg: "weights",
-        index,
-    })?;
+    if out.len() != cols {
+        return Err(QuantError::len_mismatch("out", cols, out.len()));
+    }
+    let _env = crate::simd::fpenv::Pinned::new();
     let alpha = config.alpha;
     let eps = config.epsilon.max(1e-10);
-    Ok(a.iter()
-        .zip(&w)
-        .map(|(&a, &w)| {
-            let num = (a + eps).powf(alpha);
-            let den = (w + eps).powf(1.0 - alpha);
-            (num / den).max(eps)
-        })
-        .collect())
+    let (mut am, mut wm) = ([0u32; COL_BLOCK], [0u32; COL_BLOCK]);
+    let mut c0 = 0;
+    while c0 < cols {
+        let k = COL_BLOCK.min(cols - c0);
+        block_absmax(activations, cols, c0, &mut am[..k]);
+        block_absmax(weights, cols, c0, &mut wm[..k]);
+        if am[..k].iter().any(|&b| b >= F32_INF_BITS) {
+            let index = first_non_finite_of(activations);
+            return Err(QuantError::NonFinite {
+                arg: "activations",
+                index,
+            });
+        }
+        if wm[..k].iter().any(|&b| b >= F32_INF_BITS) {
+            let index = first_non_finite_of(weights);
+            return Err(QuantError::NonFinite {
+                arg: "weights",
+                index,
+            });
+        }
+        for ((o, &a), &w) in out[c0..c0 + k].iter_mut().zip(&am[..k]).zip(&wm[..k]) {
+            let num = (f32::from_bits(a) + eps).powf(alpha);
+            let den = (f32::from_bits(w) + eps).powf(1.0 - alpha);
+            *o = (num / den).max(eps);
+        }
+        c0 += k;
+    }
+    Ok(())
 }
 
 fn check_factors(x_len: usize, factors: &[f32], arg: &'static str) -> Result<()> {

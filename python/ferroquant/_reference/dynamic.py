@@ -32,7 +32,8 @@ def compute_scale(x: np.ndarray, clip_val: float, p: Optional[float] = None) -> 
     stat = a.max() if p is None else np.sort(a)[percentile_rank(p, a.size)]
     if stat == 0:
         return F32(0)
-    return F32(stat / F32(clip_val))
+    with np.errstate(over="ignore"):  # beyond f32's range is inf, as in Rust
+        return F32(stat / F32(clip_val))
 
 
 def _codes(x: np.ndarray, scale: np.float32, clip: int) -> np.ndarray:
