@@ -85,5 +85,5 @@ def smooth_in_place(
     x: npt.NDArray[np.float32], arg: str, factors: npt.NDArray[np.float32], multiply: bool
 ) -> None: ...
 def calib_batch(
-    x: npt.NDArray[np.floating], threshold: int
+    x: npt.NDArray[np.floating], threshold: int, keep: int
 ) -> Tuple[int, float, float, float, float, npt.NDArray[np.uint32], int]: ...

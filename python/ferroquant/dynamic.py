@@ -491,7 +491,7 @@ def _collect(batches: Any) -> CalibStats:
         # total is known up front, else twice what the count so far needs.
         keep = _needed(total) if total is not None else 2 * _needed(n + arr.size) + 1024
         try:
-            b, b_lo, b_hi, b_mean, b_m2, cand, below = _native.calib_batch(arr, threshold)
+            b, b_lo, b_hi, b_mean, b_m2, cand, below = _native.calib_batch(arr, threshold, keep)
         except NonFiniteError as e:
             i = e.index or 0
             raise NonFiniteError(
@@ -499,7 +499,7 @@ def _collect(batches: Any) -> CalibStats:
                 f"(index {n + i} over all batches)",
                 n + i,
             ) from None
-        if threshold and below:
+        if below:
             dropped = max(dropped, int(below))
         lo, hi = min(lo, np.float32(b_lo)), max(hi, np.float32(b_hi))
         # Chan et al.'s pairwise update of the mean and the sum of squared deviations.

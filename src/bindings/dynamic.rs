@@ -157,16 +157,18 @@ type CalibBatch<'py> = (u64, f32, f32, f64, f64, Bound<'py, PyArray1<u32>>, u32)
 
 /// One batch's calibration statistics: `(n, min, max, mean, m2, candidates,
 /// below_max)`, `candidates` the uint32 bit patterns of every `|x|` at or above
-/// `threshold`, `below_max` the largest below it.
+/// `threshold` (at most the `keep` largest of them), `below_max` the largest
+/// left out.
 #[pyfunction]
-#[pyo3(signature = (x, threshold))]
+#[pyo3(signature = (x, threshold, keep))]
 pub(crate) fn calib_batch<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     threshold: u32,
+    keep: usize,
 ) -> PyResult<CalibBatch<'py>> {
     let x = FloatArray::extract("x", x)?;
-    let s = with_float_slice!(x, xs => py.detach(|| calib::batch_stats(xs, threshold)))
+    let s = with_float_slice!(x, xs => py.detach(|| calib::batch_stats(xs, threshold, keep)))
         .map_err(|e| to_pyerr(py, e))?;
     let c = s.candidates.into_pyarray(py);
     Ok((s.n, s.min, s.max, s.mean, s.m2, c, s.below_max))

@@ -63,47 +63,72 @@ fn part<T: Float>(isa: Isa, x: &[T], k: f64, threshold: u32) -> std::result::Res
     if r.non_finite {
         return Err(simd::scalar::first_non_finite(xf));
     }
-    // Eight independent accumulators: a fixed order the compiler can keep in lanes.
-    let (mut s1, mut s2) = ([0f64; 8], [0f64; 8]);
-    let mut it = xf.chunks_exact(8);
-    for c in &mut it {
-        for j in 0..8 {
-            let d = c[j] as f64 - k;
-            s1[j] += d;
-            s2[j] += d * d;
-        }
-    }
-    for (j, &v) in it.remainder().iter().enumerate() {
-        let d = v as f64 - k;
-        s1[j] += d;
-        s2[j] += d * d;
-    }
-    let mut candidates = Vec::new();
-    let mut below_max = 0u32;
+    let (s1, s2) = simd::shifted_moments(isa, xf, k);
+    // Branch-free: every value is written, only candidates advance the cursor.
+    let mut candidates = vec![0u32; xf.len()];
+    let (mut m, mut below_max) = (0usize, 0u32);
     for v in xf {
         let b = v.to_bits() & 0x7fff_ffff;
-        if b >= threshold {
-            candidates.push(b);
-        } else {
-            below_max = below_max.max(b);
-        }
+        let take = b >= threshold;
+        candidates[m] = b;
+        m += take as usize;
+        below_max = below_max.max(if take { 0 } else { b });
     }
+    candidates.truncate(m);
     Ok(Part {
         min: r.min,
         max: r.max,
-        s1: s1.iter().sum(),
-        s2: s2.iter().sum(),
+        s1,
+        s2,
         candidates,
         below_max,
     })
 }
 
+/// The lowest bit pattern of the 16-bit histogram bin (of |x|) that holds the
+/// `keep`-th largest value, or `None` on a non-finite value (the main pass
+/// reports it) or when that bin is the lowest.
+fn histogram_threshold<T: Float>(isa: Isa, x: &[T], keep: usize) -> Option<u32> {
+    const SHIFT: u32 = 15;
+    let mut hist = vec![0u64; 1 << 16];
+    let mut stage = vec![0f32; STAGE.min(x.len())];
+    for xs in x.chunks(STAGE) {
+        let xf: &[f32] = match T::as_f32_slice(xs) {
+            Some(xf) => xf,
+            None => {
+                let st = &mut stage[..xs.len()];
+                T::convert_to_f32(isa, xs, st);
+                st
+            }
+        };
+        for v in xf {
+            hist[((v.to_bits() & 0x7fff_ffff) >> SHIFT) as usize] += 1;
+        }
+    }
+    if hist[(crate::simd::F32_INF_BITS >> SHIFT) as usize..]
+        .iter()
+        .any(|&c| c > 0)
+    {
+        return None;
+    }
+    let mut above = 0u64;
+    for (bin, &c) in hist.iter().enumerate().rev() {
+        above += c;
+        if above >= keep as u64 {
+            return (bin > 0).then_some((bin as u32) << SHIFT);
+        }
+    }
+    None
+}
+
 /// The statistics of one batch `x` (read as f32); `threshold` is the smallest
-/// `|x|` bit pattern still worth returning as a p99 candidate (0: all).
+/// `|x|` bit pattern still worth returning as a p99 candidate (0: all), and at
+/// most the `keep` largest candidates are returned (the largest one left out
+/// counts in `below_max`).
 ///
 /// Errors: `NonFinite` naming `x` and the first NaN or infinity (a value that
 /// becomes infinite in f32 included).
-pub fn batch_stats<T: Float>(x: &[T], threshold: u32) -> Result<BatchStats> {
+pub fn batch_stats<T: Float>(x: &[T], threshold: u32, keep: usize) -> Result<BatchStats> {
     let isa = Isa::detected();
     let _env = crate::simd::fpenv::Pinned::new();
     let n = x.len();
@@ -120,6 +145,15 @@ pub fn batch_stats<T: Float>(x: &[T], threshold: u32) -> Result<BatchStats> {
     }
     let k = x[0].to_f32() as f64;
     let k = if k.is_finite() { k } else { 0.0 };
+    // With no threshold yet and fewer to keep than values, start from the bin
+    // of a 16-bit histogram of |x| that holds the keep-th largest: only values
+    // from that bin up are candidates; the rest are smaller than the keep-th
+    // largest and their maximum is reported as let go.
+    let threshold = if threshold == 0 && keep < n {
+        histogram_threshold(isa, x, keep).unwrap_or(0)
+    } else {
+        threshold
+    };
     let parts: std::result::Result<Vec<Part>, usize> = parallel::run(n, |par| {
         if !par {
             return x
@@ -147,6 +181,14 @@ pub fn batch_stats<T: Float>(x: &[T], threshold: u32) -> Result<BatchStats> {
         s2 += p.s2;
         candidates.extend_from_slice(&p.candidates);
     }
+    if candidates.len() > keep {
+        // Only the `keep` largest can matter: select them here, in O(n).
+        let cut = candidates.len() - keep;
+        let (low, pivot, _) = candidates.select_nth_unstable(cut - 1);
+        let dropped = low.iter().copied().fold(*pivot, u32::max);
+        below_max = below_max.max(dropped);
+        candidates.drain(..cut);
+    }
     let nf = n as f64;
     Ok(BatchStats {
         n: n as u64,
@@ -166,7 +208,7 @@ mod tests {
     #[test]
     fn a_batch_has_exact_extremes_and_candidates() -> Result<()> {
         let x = [3.0f32, -1.0, 2.0, 0.5, -4.0];
-        let s = batch_stats(&x, 2.0f32.to_bits())?;
+        let s = batch_stats(&x, 2.0f32.to_bits(), usize::MAX)?;
         assert_eq!((s.n, s.min, s.max), (5, -4.0, 3.0));
         assert!((s.mean - 0.1).abs() < 1e-15);
         let want: f64 = x.iter().map(|&v| (v as f64 - 0.1).powi(2)).sum();
@@ -179,7 +221,7 @@ mod tests {
         );
         let bad = [1.0f32, f32::NAN];
         assert!(matches!(
-            batch_stats(&bad, 0),
+            batch_stats(&bad, 0, 10),
             Err(QuantError::NonFinite { index: 1, .. })
         ));
         Ok(())

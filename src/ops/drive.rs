@@ -8,7 +8,7 @@ use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::ops::blockwise::BlockwiseReport;
 use crate::parallel;
-use crate::simd::{self, AbsmaxRule, Isa, F32_INF_BITS};
+use crate::simd::{self, AbsmaxRule, Isa, Store, F32_INF_BITS};
 use crate::stage::STAGE;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -84,28 +84,44 @@ pub(crate) fn split_quantize<T: Float, S: ScaleStore>(
     scales: &mut [S],
     par: bool,
 ) -> Outcome {
+    let plan = Plan {
+        isa,
+        bs,
+        rule,
+        // Long groups (rows, tokens) of a large output stream their codes.
+        store: Store::for_run(x.len(), bs),
+    };
     if !par {
-        return quantize_task(isa, x, bs, rule, codes, scales, 0);
+        return quantize_task(plan, x, codes, scales, 0);
     }
     let per_task = parallel::units_per_task(scales.len(), bs);
     x.par_chunks(per_task * bs)
         .zip(codes.par_chunks_mut(per_task * bs))
         .zip(scales.par_chunks_mut(per_task))
         .enumerate()
-        .map(|(t, ((xt, ct), st))| quantize_task(isa, xt, bs, rule, ct, st, t * per_task))
+        .map(|(t, ((xt, ct), st))| quantize_task(plan, xt, ct, st, t * per_task))
         .reduce(Outcome::default, Outcome::merge)
+}
+
+/// How groups are quantized: the ISA, the group length, the scale rule and
+/// how codes are stored.
+#[derive(Clone, Copy)]
+struct Plan {
+    isa: Isa,
+    bs: usize,
+    rule: AbsmaxRule,
+    store: Store,
 }
 
 /// Quantize a run of whole blocks starting at global block `first_block`.
 fn quantize_task<T: Float, S: ScaleStore>(
-    isa: Isa,
+    plan: Plan,
     x: &[T],
-    bs: usize,
-    rule: AbsmaxRule,
     codes: &mut [i8],
     scales: &mut [S],
     first_block: usize,
 ) -> Outcome {
+    let bs = plan.bs;
     let mut out = Outcome::default();
     // Blocks are handled in groups whose f32 scales fit a small buffer.
     let group = (STAGE / bs).clamp(1, 1024);
@@ -121,7 +137,7 @@ fn quantize_task<T: Float, S: ScaleStore>(
         .zip(scales.chunks_mut(group));
     for (g, ((xg, cg), sg)) in groups.enumerate() {
         let tmp = &mut tmp[..sg.len()];
-        let done = quantize_group(isa, xg, bs, rule, cg, tmp, &mut stage);
+        let done = quantize_group(plan, xg, cg, tmp, &mut stage);
         let base_elem = (first_block + g * group) * bs;
         if let Err(i) = done {
             out.non_finite = Some(base_elem + i);
@@ -135,22 +151,26 @@ fn quantize_task<T: Float, S: ScaleStore>(
 /// Quantize one group of blocks to codes and f32 scales; `Err(i)` is the
 /// group-relative index of the first non-finite value.
 fn quantize_group<T: Float>(
-    isa: Isa,
+    plan: Plan,
     x: &[T],
-    bs: usize,
-    rule: AbsmaxRule,
     codes: &mut [i8],
     scales: &mut [f32],
     stage: &mut [f32],
 ) -> std::result::Result<(), usize> {
+    let Plan {
+        isa,
+        bs,
+        rule,
+        store,
+    } = plan;
     if let Some(xf) = T::as_f32_slice(x) {
-        return simd::absmax_blocks(isa, xf, bs, rule, codes, scales);
+        return simd::absmax_blocks(isa, xf, bs, rule, codes, scales, store);
     }
     if x.len() <= stage.len() {
         // The whole group fits the stage: convert once, run the f32 kernel.
         let st = &mut stage[..x.len()];
         T::convert_to_f32(isa, x, st);
-        return simd::absmax_blocks(isa, st, bs, rule, codes, scales);
+        return simd::absmax_blocks(isa, st, bs, rule, codes, scales, store);
     }
     // One block larger than the stage: two passes over it, converting a
     // stage-full at a time, so no block is ever up-cast whole.
@@ -172,7 +192,7 @@ fn quantize_group<T: Float>(
         for (xs, cs) in x.chunks(step).zip(codes.chunks_mut(step)) {
             let st = &mut stage[..xs.len()];
             T::convert_to_f32(isa, xs, st);
-            simd::quantize_scaled(isa, st, scale, rule.clip, cs);
+            simd::quantize_scaled(isa, st, scale, rule.clip, cs, store);
         }
     } else {
         codes.fill(0);

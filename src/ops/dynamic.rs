@@ -18,7 +18,7 @@ use crate::error::{QuantError, Result};
 use crate::ops::drive::split_quantize;
 use crate::ops::pack::{packed_len, unpack_range, Int4Writer};
 use crate::parallel;
-use crate::simd::{self, AbsmaxRule, Isa, F32_INF_BITS};
+use crate::simd::{self, AbsmaxRule, Isa, Store, F32_INF_BITS};
 use crate::stage::STAGE;
 use rayon::prelude::*;
 
@@ -137,6 +137,10 @@ fn statistic<T: Float>(
             if x.is_empty() {
                 return Ok(0.0);
             }
+            let rank = percentile_rank(p, x.len());
+            if x.len() >= HISTOGRAM_MIN && x.len() < u32::MAX as usize {
+                return percentile_by_histogram(isa, x, rank, stage, bits);
+            }
             // |x| as bit patterns: for non-negative finite floats their integer
             // order is the float order, so selection on integers is exact.
             bits.clear();
@@ -148,11 +152,59 @@ fn statistic<T: Float>(
                 bits.extend(xs.iter().map(|v| v.to_bits() & 0x7fff_ffff));
                 Ok(())
             })?;
-            let rank = percentile_rank(p, bits.len());
             let (_, v, _) = bits.select_nth_unstable(rank);
             Ok(f32::from_bits(*v))
         }
     }
+}
+
+/// Groups at least this large find their percentile with a histogram of the
+/// top 16 bits of |x| (a 256 KiB table); smaller ones copy and select.
+const HISTOGRAM_MIN: usize = 1 << 16;
+
+/// The |x| of rank `rank` in two streaming passes and no copy of the input:
+/// a histogram of the top 16 bits of each |x| bit pattern (with the
+/// non-finite check) finds the bin holding the rank; the second pass collects
+/// only that bin's values and selects among them. Exact: bins are ranges of
+/// bit patterns, ordered as the values are.
+fn percentile_by_histogram<T: Float>(
+    isa: Isa,
+    x: &[T],
+    rank: usize,
+    stage: &mut Vec<f32>,
+    bits: &mut Vec<u32>,
+) -> std::result::Result<f32, usize> {
+    const SHIFT: u32 = 15;
+    let mut hist = vec![0u32; 1 << 16];
+    for_each_stage(isa, x, stage, |off, xs| {
+        if simd::absmax_bits(isa, xs) >= F32_INF_BITS {
+            return Err(off + simd::scalar::first_non_finite(xs));
+        }
+        for v in xs {
+            hist[((v.to_bits() & 0x7fff_ffff) >> SHIFT) as usize] += 1;
+        }
+        Ok(())
+    })?;
+    let (mut bin, mut below) = (0usize, 0usize);
+    for (b, &c) in hist.iter().enumerate() {
+        if below + c as usize > rank {
+            bin = b;
+            break;
+        }
+        below += c as usize;
+    }
+    bits.clear();
+    bits.reserve(hist[bin] as usize);
+    let _ = for_each_stage(isa, x, stage, |_, xs| {
+        bits.extend(
+            xs.iter()
+                .map(|v| v.to_bits() & 0x7fff_ffff)
+                .filter(|&b| (b >> SHIFT) as usize == bin),
+        );
+        Ok(())
+    });
+    let (_, v, _) = bits.select_nth_unstable(rank - below);
+    Ok(f32::from_bits(*v))
 }
 
 /// Seed 002's `compute_scale`: 0.0 for empty input or a zero statistic, else
@@ -182,11 +234,11 @@ fn scale_of(statistic: f32, clip: f32) -> f32 {
 fn codes_with_scale<T: Float>(
     isa: Isa,
     x: &[T],
-    scale: f32,
-    clip: f32,
+    (scale, clip): (f32, f32),
     out: &mut GroupOut<'_, '_>,
     stage: &mut Vec<f32>,
     codes: &mut Vec<i8>,
+    store: Store,
 ) {
     match out {
         GroupOut::Int8(c) => {
@@ -195,7 +247,7 @@ fn codes_with_scale<T: Float>(
                 return;
             }
             let _ = for_each_stage(isa, x, stage, |off, xs| {
-                simd::quantize_scaled(isa, xs, scale, clip, &mut c[off..off + xs.len()]);
+                simd::quantize_scaled(isa, xs, scale, clip, &mut c[off..off + xs.len()], store);
                 Ok(())
             });
         }
@@ -207,7 +259,7 @@ fn codes_with_scale<T: Float>(
                     cs.fill(0);
                 } else {
                     let _ = for_each_stage(isa, xs, stage, |_, xf| {
-                        simd::quantize_scaled(isa, xf, scale, clip, cs);
+                        simd::quantize_scaled(isa, xf, scale, clip, cs, Store::Cached);
                         Ok(())
                     });
                 }
@@ -309,6 +361,7 @@ pub fn dynamic_quantize_with<T: Float>(
                 return outcome.into_result().map(|_| ());
             }
             // Percentile rows: a selection per row, rows across the pool.
+            let store = Store::for_run(n, cols);
             let row = |r0: usize, xs: &[T], cs: &mut [i8], ss: &mut [f32]| {
                 let (mut stage, mut bits, mut tmp) = (Vec::new(), Vec::new(), Vec::new());
                 for (r, ((xr, cr), s)) in
@@ -320,11 +373,11 @@ pub fn dynamic_quantize_with<T: Float>(
                     codes_with_scale(
                         isa,
                         xr,
-                        *s,
-                        clip,
+                        (*s, clip),
                         &mut GroupOut::Int8(cr),
                         &mut stage,
                         &mut tmp,
+                        store,
                     );
                 }
                 Ok(())
@@ -358,22 +411,22 @@ pub fn dynamic_quantize_with<T: Float>(
                 DynCodesMut::Int8(c) => codes_with_scale(
                     isa,
                     x,
-                    scale,
-                    clip,
+                    (scale, clip),
                     &mut GroupOut::Int8(c),
                     &mut stage,
                     &mut tmp,
+                    Store::for_run(n, n),
                 ),
                 DynCodesMut::Int4(c) => {
                     let mut w = Int4Writer::new(c, 0);
                     codes_with_scale(
                         isa,
                         x,
-                        scale,
-                        clip,
+                        (scale, clip),
                         &mut GroupOut::Int4(&mut w),
                         &mut stage,
                         &mut tmp,
+                        Store::Cached,
                     )
                 }
             }

@@ -11,7 +11,7 @@
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};
-use crate::simd::F32_INF_BITS;
+use crate::simd::{self, Isa, F32_INF_BITS};
 
 /// Seed 002's `SmoothQuantConfig`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,12 +57,19 @@ const COL_BLOCK: usize = 4096;
 
 /// Max |x| bit patterns of columns `c0..c0 + m.len()` of a row-major matrix
 /// with rows of `cols` values, into `m`.
-fn block_absmax<T: Float>(x: &[T], cols: usize, c0: usize, m: &mut [u32]) {
+fn block_absmax<T: Float>(isa: Isa, x: &[T], cols: usize, c0: usize, m: &mut [u32]) {
     m.fill(0);
     let k = m.len();
+    let mut stage = Vec::new();
     for row in x.chunks_exact(cols) {
-        for (b, v) in m.iter_mut().zip(&row[c0..c0 + k]) {
-            *b = (*b).max(v.to_f32().to_bits() & 0x7fff_ffff);
+        let part = &row[c0..c0 + k];
+        match T::as_f32_slice(part) {
+            Some(pf) => simd::absmax_columns(isa, pf, m),
+            None => {
+                stage.resize(k, 0.0);
+                T::convert_to_f32(isa, part, &mut stage);
+                simd::absmax_columns(isa, &stage, m);
+            }
         }
     }
 }
@@ -112,14 +119,15 @@ pub fn compute_smooth_factors_into<A: Float, W: Float>(
         return Err(QuantError::len_mismatch("out", cols, out.len()));
     }
     let _env = crate::simd::fpenv::Pinned::new();
+    let isa = Isa::detected();
     let alpha = config.alpha;
     let eps = config.epsilon.max(1e-10);
     let (mut am, mut wm) = ([0u32; COL_BLOCK], [0u32; COL_BLOCK]);
     let mut c0 = 0;
     while c0 < cols {
         let k = COL_BLOCK.min(cols - c0);
-        block_absmax(activations, cols, c0, &mut am[..k]);
-        block_absmax(weights, cols, c0, &mut wm[..k]);
+        block_absmax(isa, activations, cols, c0, &mut am[..k]);
+        block_absmax(isa, weights, cols, c0, &mut wm[..k]);
         if am[..k].iter().any(|&b| b >= F32_INF_BITS) {
             let index = first_non_finite_of(activations);
             return Err(QuantError::NonFinite {

@@ -159,7 +159,19 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) {
+    unsafe fn shifted_moments(x: &[f32], k: f64) -> (f64, f64) {
+        // SAFETY: the scalar kernels need no CPU features (same order by definition).
+        unsafe { Scalar::shifted_moments(x, k) }
+    }
+
+    #[inline(always)]
+    unsafe fn absmax_columns(row: &[f32], acc: &mut [u32]) {
+        // SAFETY: as above; the compiler vectorizes the integer loop for AVX2.
+        unsafe { Scalar::absmax_columns(row, acc) }
+    }
+
+    #[inline(always)]
+    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], _store: Store) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
         let mut xc = x.chunks_exact(8);

@@ -386,19 +386,124 @@ impl Kernels for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) {
+    unsafe fn shifted_moments(x: &[f32], k: f64) -> (f64, f64) {
+        // SAFETY: AVX-512F per the Kernels contract; loads read inside `x` (full
+        // chunks, the tail through masks). Lanes 0..8 and 8..16 of the scalar
+        // order are the low and high accumulators; tail lanes past the end are
+        // masked out of the adds.
+        unsafe {
+            let kk = _mm512_set1_pd(k);
+            let (mut a_lo, mut a_hi) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            let (mut b_lo, mut b_hi) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            let mut xc = x.chunks_exact(16);
+            for c in &mut xc {
+                let v = _mm512_loadu_ps(c.as_ptr());
+                let lo = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), kk);
+                let hi = _mm512_sub_pd(
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                        _mm512_castps_pd(v),
+                    ))),
+                    kk,
+                );
+                a_lo = _mm512_add_pd(a_lo, lo);
+                a_hi = _mm512_add_pd(a_hi, hi);
+                b_lo = _mm512_add_pd(b_lo, _mm512_mul_pd(lo, lo));
+                b_hi = _mm512_add_pd(b_hi, _mm512_mul_pd(hi, hi));
+            }
+            let rest = xc.remainder();
+            if !rest.is_empty() {
+                let k16 = tail_mask(rest.len());
+                let (k_lo, k_hi) = ((k16 & 0xff) as __mmask8, (k16 >> 8) as __mmask8);
+                let v = _mm512_maskz_loadu_ps(k16, rest.as_ptr());
+                let lo = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), kk);
+                let hi = _mm512_sub_pd(
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                        _mm512_castps_pd(v),
+                    ))),
+                    kk,
+                );
+                a_lo = _mm512_mask_add_pd(a_lo, k_lo, a_lo, lo);
+                a_hi = _mm512_mask_add_pd(a_hi, k_hi, a_hi, hi);
+                b_lo = _mm512_mask_add_pd(b_lo, k_lo, b_lo, _mm512_mul_pd(lo, lo));
+                b_hi = _mm512_mask_add_pd(b_hi, k_hi, b_hi, _mm512_mul_pd(hi, hi));
+            }
+            let (mut l1, mut l2) = ([0f64; 16], [0f64; 16]);
+            _mm512_storeu_pd(l1.as_mut_ptr(), a_lo);
+            _mm512_storeu_pd(l1.as_mut_ptr().add(8), a_hi);
+            _mm512_storeu_pd(l2.as_mut_ptr(), b_lo);
+            _mm512_storeu_pd(l2.as_mut_ptr().add(8), b_hi);
+            let (mut t1, mut t2) = (0f64, 0f64);
+            for j in 0..16 {
+                t1 += l1[j];
+                t2 += l2[j];
+            }
+            (t1, t2)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn absmax_columns(row: &[f32], acc: &mut [u32]) {
+        let n = row.len().min(acc.len());
+        let (row, acc) = (&row[..n], &mut acc[..n]);
+        // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
+        // the equal-length `row` and `acc` (exact chunks, then a masked tail).
+        unsafe {
+            let abs = _mm512_set1_epi32(0x7fff_ffff);
+            let mut rc = row.chunks_exact(16);
+            let mut ac = acc.chunks_exact_mut(16);
+            for (r, a) in (&mut rc).zip(&mut ac) {
+                let v = _mm512_and_si512(_mm512_loadu_epi32(r.as_ptr().cast()), abs);
+                let m = _mm512_max_epu32(_mm512_loadu_epi32(a.as_ptr().cast()), v);
+                _mm512_storeu_epi32(a.as_mut_ptr().cast(), m);
+            }
+            let rest = rc.remainder();
+            if !rest.is_empty() {
+                let k = tail_mask(rest.len());
+                let a = ac.into_remainder();
+                let v = _mm512_and_si512(_mm512_maskz_loadu_epi32(k, rest.as_ptr().cast()), abs);
+                let m = _mm512_max_epu32(_mm512_maskz_loadu_epi32(k, a.as_ptr().cast()), v);
+                _mm512_mask_storeu_epi32(a.as_mut_ptr().cast(), k, m);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
         // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
-        // the equal-length `x` and `out` (exact chunks, then a masked tail).
+        // the equal-length `x` and `out` (a masked head, exact chunks, a masked
+        // tail); streaming stores go to 16-byte aligned chunks only (the head
+        // aligns them) and are fenced before returning.
         unsafe {
             let s = _mm512_set1_ps(scale);
             let clip = _mm512_set1_ps(clip);
+            let head = match store {
+                Store::Streaming => head_to_align(out.as_ptr() as usize, 16, 1, n),
+                Store::Cached => 0,
+            };
+            if head > 0 {
+                let k = tail_mask(head);
+                let q = quant16(_mm512_maskz_loadu_ps(k, x.as_ptr()), s, clip);
+                _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr(), k, q);
+            }
+            let (x, out) = (&x[head..], &mut out[head..]);
             let mut xc = x.chunks_exact(16);
             let mut oc = out.chunks_exact_mut(16);
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                let q = quant16(_mm512_loadu_ps(c.as_ptr()), s, clip);
-                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+            match store {
+                Store::Streaming => {
+                    for (c, o) in (&mut xc).zip(&mut oc) {
+                        let q = quant16(_mm512_loadu_ps(c.as_ptr()), s, clip);
+                        _mm_stream_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+                    }
+                    _mm_sfence();
+                }
+                Store::Cached => {
+                    for (c, o) in (&mut xc).zip(&mut oc) {
+                        let q = quant16(_mm512_loadu_ps(c.as_ptr()), s, clip);
+                        _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
+                    }
+                }
             }
             let rest = xc.remainder();
             if !rest.is_empty() {

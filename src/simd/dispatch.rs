@@ -85,6 +85,7 @@ unsafe fn absmax_blocks_generic<K: Kernels>(
     rule: AbsmaxRule,
     codes: &mut [i8],
     scales: &mut [f32],
+    store: Store,
 ) -> Result<(), usize> {
     let blocks = x.chunks(block).zip(codes.chunks_mut(block));
     for (b, ((xb, cb), s)) in blocks.zip(scales.iter_mut()).enumerate() {
@@ -97,7 +98,7 @@ unsafe fn absmax_blocks_generic<K: Kernels>(
         *s = scale;
         if scale > 0.0 {
             // SAFETY: as above.
-            unsafe { K::quantize_scaled(xb, scale, rule.clip, cb) };
+            unsafe { K::quantize_scaled(xb, scale, rule.clip, cb, store) };
         } else {
             cb.fill(0);
         }
@@ -123,7 +124,8 @@ dispatch! {
     /// Quantize consecutive blocks of `x` (the last may be short) to codes and
     /// f32 scales by `rule`. `Err(i)`: `x[i]` is the first non-finite value.
     pub fn absmax_blocks = absmax_blocks_generic(
-        x: &[f32], block: usize, rule: AbsmaxRule, codes: &mut [i8], scales: &mut [f32]
+        x: &[f32], block: usize, rule: AbsmaxRule, codes: &mut [i8], scales: &mut [f32],
+        store: Store
     ) -> Result<(), usize>;
 }
 
@@ -140,7 +142,7 @@ primitive!(
 );
 primitive!(
     /// `out[i] = clamp(round(x[i] / scale), -clip, clip)` (scale > 0).
-    quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) -> ()
+    quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store) -> ()
 );
 primitive!(
     /// `out[i] = q[i] as f32 * scale`.
@@ -157,6 +159,14 @@ primitive!(
 primitive!(
     /// float64 -> float32 (round to nearest even, as `as f32`), over `min(len)`.
     f64_to_f32(x: &[f64], out: &mut [f32]) -> ()
+);
+primitive!(
+    /// `(Σ (x - k), Σ (x - k)²)` in f64, in the fixed 16-lane order.
+    shifted_moments(x: &[f32], k: f64) -> (f64, f64)
+);
+primitive!(
+    /// Running column maxima of |x| as bit patterns.
+    absmax_columns(row: &[f32], acc: &mut [u32]) -> ()
 );
 primitive!(
     /// Min, max and non-finite flag of an f32 run.

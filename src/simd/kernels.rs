@@ -186,7 +186,7 @@ pub(crate) trait Kernels {
     /// max |x|, and `>= F32_INF_BITS` iff some element is NaN or infinite.
     unsafe fn absmax_bits(x: &[f32]) -> u32;
     /// `out[i] = clamp(round_half_away(x[i] / scale), -clip, clip)`.
-    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]);
+    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store);
     /// `out[i] = q[i] as f32 * scale`.
     unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]);
     /// `out[i] = f32(x[i])`, exact.
@@ -196,6 +196,13 @@ pub(crate) trait Kernels {
     /// `out[i] = x[i] as f32` (round to nearest even).
     unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]);
 
+    /// `(Σ (x - k), Σ (x - k)²)` in f64 over a run, in a fixed order every ISA
+    /// follows: element `i` goes to lane `i % 16` (each `d = x - k` rounded,
+    /// `d * d` rounded, then added), and the 16 lanes are added in lane order.
+    unsafe fn shifted_moments(x: &[f32], k: f64) -> (f64, f64);
+    /// `acc[j] = max(acc[j], bits(row[j]) & 0x7fff_ffff)` over `min(len)`:
+    /// running column maxima of |x| as bit patterns.
+    unsafe fn absmax_columns(row: &[f32], acc: &mut [u32]);
     /// Min, max and the non-finite flag of an f32 run, in one pass.
     unsafe fn range_f32(x: &[f32]) -> Range<f32>;
     /// Min, max and the non-finite flag of an f64 run, in one pass.

@@ -67,7 +67,30 @@ impl Kernels for Scalar {
     }
 
     #[inline(always)]
-    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) {
+    unsafe fn shifted_moments(x: &[f32], k: f64) -> (f64, f64) {
+        let (mut s1, mut s2) = ([0f64; 16], [0f64; 16]);
+        for (i, &v) in x.iter().enumerate() {
+            let d = v as f64 - k;
+            s1[i % 16] += d;
+            s2[i % 16] += d * d;
+        }
+        let (mut t1, mut t2) = (0f64, 0f64);
+        for j in 0..16 {
+            t1 += s1[j];
+            t2 += s2[j];
+        }
+        (t1, t2)
+    }
+
+    #[inline(always)]
+    unsafe fn absmax_columns(row: &[f32], acc: &mut [u32]) {
+        for (a, v) in acc.iter_mut().zip(row) {
+            *a = (*a).max(v.to_bits() & 0x7fff_ffff);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], _store: Store) {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = quantize_one(v, scale, clip);
         }

@@ -7,7 +7,7 @@ use ferroquant::ops::blockwise::{
     dequantize_blockwise_with, num_blocks, quantize_blockwise_with, BlockwiseReport, Scales,
     ScalesMut,
 };
-use ferroquant::simd::{self, Isa};
+use ferroquant::simd::{self, Isa, Store};
 use ferroquant::QuantError;
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -83,9 +83,29 @@ fn tails_of_every_length_match_scalar() {
                 for clip in [127.0f32, 7.0, 1.0] {
                     let mut a = vec![0i8; n];
                     let mut b = vec![0i8; n];
-                    simd::quantize_scaled(isa, &x, scale, clip, &mut a);
-                    simd::quantize_scaled(Isa::Scalar, &x, scale, clip, &mut b);
+                    simd::quantize_scaled(isa, &x, scale, clip, &mut a, Store::Cached);
+                    simd::quantize_scaled(Isa::Scalar, &x, scale, clip, &mut b, Store::Cached);
                     assert_eq!(a, b, "isa {isa:?} n {n} scale {scale} clip {clip}");
+                    // Streaming stores from every start offset give the same codes.
+                    for off in [1usize, 7, 15] {
+                        if off > n {
+                            continue;
+                        }
+                        let mut c = vec![0x55i8; n];
+                        let s = Store::Streaming;
+                        simd::quantize_scaled(isa, &x[off..], scale, clip, &mut c[off..], s);
+                        let mut d = vec![0i8; n - off];
+                        simd::quantize_scaled(
+                            Isa::Scalar,
+                            &x[off..],
+                            scale,
+                            clip,
+                            &mut d,
+                            Store::Cached,
+                        );
+                        assert_eq!(&c[off..], &d[..], "streaming {isa:?} n {n} off {off}");
+                        assert!(c[..off].iter().all(|&v| v == 0x55));
+                    }
                 }
             }
         }

@@ -180,3 +180,84 @@ fn the_first_non_finite_index_does_not_depend_on_the_thread_count() {
 fn errs_string(i: usize) -> String {
     format!("x holds a non-finite value (NaN or ±inf) at flat index {i}")
 }
+
+/// Large groups select by a histogram of the top 16 bits: the same element a
+/// full sort picks, for spread, clustered, duplicated and tiny values.
+#[test]
+fn the_histogram_percentile_is_the_sorted_element() {
+    let n = 70_001;
+    let mut r = crate::rng::Rng(77);
+    let dists: Vec<Vec<f32>> = vec![
+        values(n, 9),
+        (0..n).map(|_| 1.0 + r.unit() * 1e-6).collect(), // one bin
+        (0..n).map(|i| (i % 3) as f32).collect(),        // duplicates and zeros
+        (0..n).map(|i| f32::from_bits((i % 5000) as u32)).collect(), // subnormals
+        vec![-2.5; n],
+    ];
+    for x in &dists {
+        let mut sorted: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        for p in [1e-9, 0.01, 0.5, 0.9, 0.99, 0.999, 1.0] {
+            let rank = ferroquant::ops::dynamic::percentile_rank(p, n);
+            let got =
+                compute_scale_with(Isa::detected(), x, 1.0, ScaleMode::Percentile(p)).unwrap();
+            let want = if sorted[rank] == 0.0 {
+                0.0
+            } else {
+                sorted[rank] / 1.0
+            };
+            assert_eq!(got.to_bits(), want.to_bits(), "p {p}");
+        }
+    }
+}
+
+/// Outputs of 8 MiB or more with rows of 4 KiB or more stream their codes:
+/// still the scalar result (rows of 4099 start at every alignment).
+#[test]
+fn outputs_large_enough_to_stream_match_scalar() {
+    let (rows, cols) = (2049, 4099);
+    let x = values(rows * cols, 13);
+    for f in [DynFormat::Int8PerRow, DynFormat::Int8PerTensor] {
+        let m = ScaleMode::MaxAbs;
+        assert_eq!(
+            run(Isa::detected(), &x, &[rows, cols], f, m),
+            run(Isa::Scalar, &x, &[rows, cols], f, m),
+            "{f:?}"
+        );
+    }
+    let bitnet = |isa| {
+        let (mut c, mut s) = (vec![0i8; x.len()], vec![0f32; rows]);
+        quantize_activations_with(isa, &x, cols, 8, &mut c, &mut s).unwrap();
+        (c, s)
+    };
+    assert_eq!(bitnet(Isa::detected()), bitnet(Isa::Scalar));
+}
+
+#[test]
+fn moment_and_column_primitives_match_scalar() {
+    use ferroquant::simd;
+    for n in (0..70).chain([1000, 4099]) {
+        let x = values(n, 40 + n as u64);
+        for k in [0.0f64, 1.5, -3.25e3, x.first().map_or(0.0, |&v| v as f64)] {
+            let want = simd::shifted_moments(Isa::Scalar, &x, k);
+            for isa in Isa::supported() {
+                let got = simd::shifted_moments(isa, &x, k);
+                assert_eq!(
+                    (got.0.to_bits(), got.1.to_bits()),
+                    (want.0.to_bits(), want.1.to_bits()),
+                    "{isa:?} n {n} k {k}"
+                );
+            }
+        }
+        let init: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) >> 2)
+            .collect();
+        let mut want = init.clone();
+        simd::absmax_columns(Isa::Scalar, &x, &mut want);
+        for isa in Isa::supported() {
+            let mut got = init.clone();
+            simd::absmax_columns(isa, &x, &mut got);
+            assert_eq!(got, want, "{isa:?} n {n}");
+        }
+    }
+}
