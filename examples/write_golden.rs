@@ -12,13 +12,14 @@ use ferroquant::ops::blockwise::{
 };
 use ferroquant::Float;
 use half::{bf16, f16};
-use safetensors::tensor::{Dtype, TensorView};
-use std::collections::HashMap;
+use safetensors::tensor::Dtype;
 
 // The parity tests' generator: deterministic, so the file only changes when the kernels do.
 #[path = "../tests/common/rng.rs"]
 mod rng;
 use rng::Rng;
+#[path = "../tests/common/golden.rs"]
+mod golden;
 
 /// Mixed values: noise, exact .5 ties (block max pinned to 127), near-ties, zeros.
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -208,20 +209,5 @@ fn main() {
         tensors.push((format!("c{i}.x"), case.x.0, case.shape.clone(), raw.clone()));
         params.push(json);
     }
-    let views: Vec<(String, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dt, shape, data)| {
-            (
-                name.clone(),
-                TensorView::new(*dt, shape.clone(), data).unwrap(),
-            )
-        })
-        .collect();
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/golden/blockwise.safetensors"
-    );
-    let meta = HashMap::from([("cases".to_string(), format!("[{}]", params.join(", ")))]);
-    safetensors::serialize_to_file(views, Some(meta), std::path::Path::new(path)).unwrap();
-    println!("wrote {path} ({} cases)", cases.len());
+    golden::write("blockwise.safetensors", &tensors, &params);
 }

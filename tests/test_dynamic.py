@@ -473,3 +473,15 @@ def test_calib_stats_takes_an_array_as_one_batch_and_names_ragged_batches(rng):
     assert fq.CalibStats.collect(x) == fq.CalibStats.collect(list(x))
     with pytest.raises(TypeError, match=r"batches\[1\]"):
         fq.CalibStats.collect([np.ones(3), [1.0, [2.0, 3.0]]])
+
+
+def test_smooth_factors_report_activations_first_whatever_the_column():
+    a = np.ones((2, 5000), np.float32)
+    w = np.ones((2, 5000), np.float32)
+    a[0, 4500] = np.nan  # second block of 4096 columns
+    w[1, 0] = np.nan  # first block
+    with pytest.raises(fq.NonFiniteError, match="activations") as e:
+        fq.compute_smooth_factors(a, w)
+    assert e.value.index == 4500
+    s = fq.CalibStats.collect(np.float32(3.0))
+    assert (s.min, s.max, s.p99) == (3.0, 3.0, 3.0)

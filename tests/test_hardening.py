@@ -787,7 +787,9 @@ def test_sigterm_leaves_no_temporary_files(tmp_path):
     time.sleep(0.5)  # not a timing assertion: the signal may land in any phase
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode in (0, 143), err
+    # -SIGTERM: the signal landed while Python was still importing, before the
+    # handler was installed and before any file was opened (nothing to clean up).
+    assert proc.returncode in (0, 143, -signal.SIGTERM), err
     if proc.returncode == 143:
         assert err.strip().splitlines()[-1] == "ferroquant: terminated"
     leftovers = [p.name for p in out.parent.iterdir() if p.name != "q.safetensors"]

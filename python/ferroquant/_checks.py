@@ -168,6 +168,13 @@ def scale_dtype(value: Any) -> np.dtype:
     return dt
 
 
+def describe(x: Any) -> str:
+    """How an argument is named in a TypeError: an array by dtype and shape, else its type."""
+    if isinstance(x, np.ndarray):
+        return f"array of dtype {x.dtype} and shape {x.shape}"
+    return type(x).__name__
+
+
 def readonly(arr: np.ndarray) -> np.ndarray:
     """Mark an array this library created as read-only (results are frozen) and return it."""
     arr.flags.writeable = False

@@ -19,6 +19,7 @@ import numpy as np
 from . import _ferroquant as _native
 from ._base import Quantized, unpack_int4
 from ._checks import (
+    describe,
     float_input,
     held,
     readonly,
@@ -177,12 +178,6 @@ def _groups(shape: Tuple[int, ...], config: QuantConfig) -> int:
     return 1
 
 
-def _describe(x: Any) -> str:
-    if isinstance(x, np.ndarray):
-        return f"array of dtype {x.dtype} and shape {x.shape}"
-    return type(x).__name__
-
-
 @dataclass(frozen=True, eq=False, repr=False)
 class QuantizedTensor(Quantized):
     """Affine-quantized codes with float64 scales and zero points (SPEC §2).
@@ -221,11 +216,11 @@ class QuantizedTensor(Quantized):
         if not isinstance(data, np.ndarray) or data.dtype != want[0]:
             raise TypeError(
                 f"data must be a {np.dtype(want[0]).name} array for {config.bits}-bit codes, "
-                f"got {_describe(data)}"
+                f"got {describe(data)}"
             )
         for name, arr in (("scales", scales), ("zero_points", zps)):
             if not isinstance(arr, np.ndarray) or arr.dtype.newbyteorder("=") != np.float64:
-                raise TypeError(f"{name} must be a float64 array, got {_describe(arr)}")
+                raise TypeError(f"{name} must be a float64 array, got {describe(arr)}")
             if arr.shape != (k,):
                 raise ShapeMismatchError(
                     f"{name}: expected shape ({k},) for shape {shape} {config.granularity}, "

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio
-from ._checks import float_input, held, readonly, shape_tuple
+from ._checks import describe, float_input, held, readonly, shape_tuple
 from .errors import InvalidConfigError, ShapeMismatchError
 
 __all__ = [
@@ -73,12 +73,6 @@ def _dims(shape: Tuple[int, ...], arg: str = "x") -> Tuple[int, int, int]:
     )
 
 
-def _describe(x: Any) -> str:
-    if isinstance(x, np.ndarray):
-        return f"array of dtype {x.dtype}"
-    return type(x).__name__
-
-
 @dataclass(frozen=True, eq=False, repr=False)
 class QuantizedActivations(Quantized):
     """Seed 003's ``QuantizedActivations``.
@@ -107,9 +101,9 @@ class QuantizedActivations(Quantized):
         cfg = BitNetConfig(self.bits, self.per_token)
         data, scales = self.data, self.scales
         if not isinstance(data, np.ndarray) or data.dtype != np.int8:
-            raise TypeError(f"data must be an int8 array, got {_describe(data)}")
+            raise TypeError(f"data must be an int8 array, got {describe(data)}")
         if not isinstance(scales, np.ndarray) or scales.dtype.newbyteorder("=") != np.float32:
-            raise TypeError(f"scales must be a float32 array, got {_describe(scales)}")
+            raise TypeError(f"scales must be a float32 array, got {describe(scales)}")
         if data.shape != shape:
             raise ShapeMismatchError(f"data: expected shape {shape}, got {data.shape}")
         k = b * s if cfg.per_token_activation else b

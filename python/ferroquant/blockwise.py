@@ -16,6 +16,7 @@ import numpy as np
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio
 from ._checks import (
+    describe,
     float_input,
     held,
     positive_int,
@@ -28,12 +29,6 @@ from ._checks import scale_dtype as _scale_dtype
 from .errors import InvalidConfigError, PrecisionWarning, ShapeMismatchError
 
 __all__ = ["BlockwiseQuantized", "dequantize_blockwise", "quantize_blockwise"]
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, np.ndarray):
-        return f"array of dtype {x.dtype}"
-    return type(x).__name__
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -70,12 +65,12 @@ class BlockwiseQuantized(Quantized):
         n = math.prod(shape)
         data, scales = self.data, self.scales
         if not isinstance(data, np.ndarray) or data.dtype != np.int8:
-            raise TypeError(f"data must be an int8 array, got {_describe(data)}")
+            raise TypeError(f"data must be an int8 array, got {describe(data)}")
         if not isinstance(scales, np.ndarray) or scales.dtype.newbyteorder("=") not in (
             np.float16,
             np.float32,
         ):
-            raise TypeError(f"scales must be a float16 or float32 array, got {_describe(scales)}")
+            raise TypeError(f"scales must be a float16 or float32 array, got {describe(scales)}")
         if data.shape != (n,):
             raise ShapeMismatchError(
                 f"data: expected shape ({n},) for shape {shape}, got {data.shape}"

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio, unpack_int4
-from ._checks import float_input, held, readonly, shape_tuple, warn
+from ._checks import describe, float_input, held, readonly, shape_tuple, warn
 from .errors import InvalidConfigError, NonFiniteError, PrecisionWarning, ShapeMismatchError
 
 __all__ = [
@@ -82,12 +82,6 @@ def _percentile(mode: Any) -> Any:
     raise TypeError(f"mode must be MaxAbs() or Percentile(p), got {type(mode).__name__}")
 
 
-def _describe(x: Any) -> str:
-    if isinstance(x, np.ndarray):
-        return f"array of dtype {x.dtype}"
-    return type(x).__name__
-
-
 @dataclass(frozen=True, eq=False, repr=False)
 class DynQuantTensor(Quantized):
     """A dynamically quantized tensor (SPEC §3, seed 002's ``DynQuantTensor``).
@@ -123,10 +117,10 @@ class DynQuantTensor(Quantized):
         if not isinstance(data, np.ndarray) or data.dtype != want_dtype:
             raise TypeError(
                 f"data must be a {np.dtype(want_dtype).name} array for {self.format}, "
-                f"got {_describe(data)}"
+                f"got {describe(data)}"
             )
         if not isinstance(scales, np.ndarray) or scales.dtype.newbyteorder("=") != np.float32:
-            raise TypeError(f"scales must be a float32 array, got {_describe(scales)}")
+            raise TypeError(f"scales must be a float32 array, got {describe(scales)}")
         if self.format == "int8_per_row":
             if len(shape) != 2:
                 raise ShapeMismatchError(f"shape: int8_per_row needs a 2-D shape, got {shape}")
@@ -362,11 +356,11 @@ def compute_smooth_factors(
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
     if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        raise ValueError(f"{arg} must be a writable C-contiguous float32 array, got {_describe(x)}")
+        raise ValueError(f"{arg} must be a writable C-contiguous float32 array, got {describe(x)}")
     if not (x.flags.c_contiguous and x.flags.writeable and x.flags.aligned):
         raise ValueError(f"{arg} must be a writable, aligned, C-contiguous float32 array")
     if not isinstance(s, np.ndarray) or s.dtype.newbyteorder("=") != np.float32:
-        raise TypeError(f"s must be a float32 array, got {_describe(s)}")
+        raise TypeError(f"s must be a float32 array, got {describe(s)}")
     if x.ndim != 2:
         raise ShapeMismatchError(f"{arg} must be 2-D, got shape {x.shape}")
     if s.shape != (x.shape[1],):
@@ -454,7 +448,7 @@ def _size(batch: Any, k: int) -> int:
 
 
 def _collect(batches: Any) -> CalibStats:
-    if isinstance(batches, np.ndarray):
+    if isinstance(batches, (np.ndarray, np.generic)):
         batches = (batches,)  # one batch, not one per row (or per scalar): same statistics
     sized = isinstance(batches, (list, tuple))
     total = sum(_size(b, k) for k, b in enumerate(batches)) if sized else None

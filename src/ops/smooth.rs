@@ -74,8 +74,8 @@ fn block_absmax<T: Float>(isa: Isa, x: &[T], cols: usize, c0: usize, m: &mut [u3
     }
 }
 
-fn first_non_finite_of<T: Float>(x: &[T]) -> usize {
-    x.iter().position(|v| !v.to_f32().is_finite()).unwrap_or(0)
+fn first_non_finite_of<T: Float>(x: &[T]) -> Option<usize> {
+    x.iter().position(|v| !v.to_f32().is_finite())
 }
 
 /// Seed 002's `compute_smooth_factors` for activations `[tokens, cols]` and
@@ -128,18 +128,18 @@ pub fn compute_smooth_factors_into<A: Float, W: Float>(
         let k = COL_BLOCK.min(cols - c0);
         block_absmax(isa, activations, cols, c0, &mut am[..k]);
         block_absmax(isa, weights, cols, c0, &mut wm[..k]);
-        if am[..k].iter().any(|&b| b >= F32_INF_BITS) {
-            let index = first_non_finite_of(activations);
-            return Err(QuantError::NonFinite {
-                arg: "activations",
-                index,
-            });
-        }
-        if wm[..k].iter().any(|&b| b >= F32_INF_BITS) {
-            let index = first_non_finite_of(weights);
-            return Err(QuantError::NonFinite {
-                arg: "weights",
-                index,
+        let bad = |m: &[u32]| m.iter().any(|&b| b >= F32_INF_BITS);
+        if bad(&am[..k]) || bad(&wm[..k]) {
+            // As if each matrix were checked whole, activations first.
+            return Err(match first_non_finite_of(activations) {
+                Some(index) => QuantError::NonFinite {
+                    arg: "activations",
+                    index,
+                },
+                None => QuantError::NonFinite {
+                    arg: "weights",
+                    index: first_non_finite_of(weights).unwrap_or(0),
+                },
             });
         }
         for ((o, &a), &w) in out[c0..c0 + k].iter_mut().zip(&am[..k]).zip(&wm[..k]) {

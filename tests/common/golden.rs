@@ -1,6 +1,9 @@
 //! Shared by the golden-vector writers (`examples/write_golden_*.rs`):
 //! little-endian bytes of each float type and the file writer.
 
+// Each writer includes this module and uses a different part of it.
+#![allow(dead_code)]
+
 use ferroquant::Float;
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorView};
