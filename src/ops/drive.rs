@@ -123,6 +123,29 @@ fn quantize_task<T: Float, S: ScaleStore>(
 ) -> Outcome {
     let bs = plan.bs;
     let mut out = Outcome::default();
+    if let (Some(xf), true) = (T::as_f32_slice(x), bs >= STAGE) {
+        // Long groups (rows, tokens): every max |x| first, then every code. Two
+        // streaming passes keep the memory busy; alternating a row's max (from
+        // memory) with its codes (from cache) left it idle half the time.
+        let mut f32s = vec![0f32; scales.len()];
+        for (b, (xb, s)) in xf.chunks(bs).zip(f32s.iter_mut()).enumerate() {
+            let m = simd::absmax_bits(plan.isa, xb);
+            if m >= F32_INF_BITS {
+                out.non_finite = Some((first_block + b) * bs + simd::scalar::first_non_finite(xb));
+                return out;
+            }
+            *s = plan.rule.scale(f32::from_bits(m));
+        }
+        for ((xb, cb), &s) in xf.chunks(bs).zip(codes.chunks_mut(bs)).zip(&f32s) {
+            if s > 0.0 {
+                simd::quantize_scaled(plan.isa, xb, s, plan.rule.clip, cb, plan.store);
+            } else {
+                cb.fill(0);
+            }
+        }
+        S::store(&f32s, scales, first_block, &mut out);
+        return out;
+    }
     // Blocks are handled in groups whose f32 scales fit a small buffer.
     let group = (STAGE / bs).clamp(1, 1024);
     let mut tmp = [0f32; 1024];

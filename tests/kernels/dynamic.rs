@@ -261,3 +261,37 @@ fn moment_and_column_primitives_match_scalar() {
         }
     }
 }
+
+/// Rows of 4096 or more take the two-pass path (every max first, then every
+/// code): the first non-finite index is still the first, for any thread count,
+/// and nothing else differs from scalar.
+#[test]
+fn long_rows_report_the_first_non_finite_value() {
+    let (rows, cols) = (300, 4100);
+    let mut x = values(rows * cols, 21);
+    assert_eq!(
+        run(
+            Isa::detected(),
+            &x,
+            &[rows, cols],
+            DynFormat::Int8PerRow,
+            ScaleMode::MaxAbs
+        ),
+        run(
+            Isa::Scalar,
+            &x,
+            &[rows, cols],
+            DynFormat::Int8PerRow,
+            ScaleMode::MaxAbs
+        )
+    );
+    x[250 * cols + 7] = f32::NAN;
+    x[170 * cols + 4099] = f32::NEG_INFINITY;
+    let errs = with_threads(&[1, 2, 3], |_| {
+        let (mut c, mut s) = (vec![0i8; x.len()], vec![0f32; rows]);
+        quantize_activations_with(Isa::detected(), &x, cols, 8, &mut c, &mut s).unwrap_err()
+    });
+    for e in errs {
+        assert_eq!(e.to_string(), errs_string(170 * cols + 4099));
+    }
+}
