@@ -5,6 +5,7 @@ semantics: scale modes, formats, empty inputs, dataclasses, errors."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import ml_dtypes
 import numpy as np
@@ -485,3 +486,44 @@ def test_smooth_factors_report_activations_first_whatever_the_column():
     assert e.value.index == 4500
     s = fq.CalibStats.collect(np.float32(3.0))
     assert (s.min, s.max, s.p99) == (3.0, 3.0, 3.0)
+
+
+def _stats_blob(**change):
+    from helpers import craft
+
+    entry = {
+        "format_version": 1,
+        "scheme": "calib-stats",
+        "min": -1.0,
+        "max": 4.0,
+        "mean": 1.5,
+        "std_dev": 1.7,
+        "p99": 4.0,
+        "suggested_scale": 4.0 / 127,
+        "arrays": {},
+    }
+    entry.update(change)
+    entry = {k: v for k, v in entry.items() if v is not ...}
+    return craft({"__metadata__": {"ferroquant:value": json.dumps(entry)}})
+
+
+def test_calib_stats_round_trip_and_refuse_hostile_entries(tmp_path):
+    s = fq.CalibStats.collect([np.array([1.0, 2, 3], np.float32), np.array([-1.0, 0, 4])])
+    assert fq.CalibStats.from_bytes(s.to_bytes()) == s
+    fq.save(tmp_path / "s.safetensors", {"stats": s})
+    assert fq.load(tmp_path / "s.safetensors") == {"stats": s}
+    assert fq.CalibStats.from_bytes(_stats_blob()).p99 == 4.0
+    for bad in (
+        {"p99": "4"},
+        {"p99": float("nan")},
+        {"p99": -1.0},
+        {"min": 5.0},
+        {"mean": True},
+        {"suggested_scale": ...},
+        {"extra": 1},
+        {"arrays": {"data": "x"}},
+    ):
+        with pytest.raises(fq.FormatError):
+            fq.CalibStats.from_bytes(_stats_blob(**bad))
+    with pytest.raises(fq.InvalidConfigError):
+        fq.CalibStats(0.0, 1.0, 0.5, -0.1, 0.9, 0.01)

@@ -395,8 +395,8 @@ def smooth_weights(w: np.ndarray, s: np.ndarray) -> np.ndarray:
 # -- Calibration statistics -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CalibStats:
+@dataclass(frozen=True, eq=False)
+class CalibStats(Quantized):
     """Seed 002's calibration statistics over every value of every batch.
 
     Attributes:
@@ -404,6 +404,9 @@ class CalibStats:
         mean, std_dev: population mean and standard deviation, accumulated in f64.
         p99: the exact float32 ``|x|`` of rank ``ceil(0.99·n) - 1``.
         suggested_scale: ``p99 / 127``, else ``max|x| / 127``, else ``1 / 127``.
+
+    Saved and loaded like the quantized values (``fq.save``, ``to_bytes``): a file
+    entry with these six numbers and no arrays.
     """
 
     min: float
@@ -412,6 +415,42 @@ class CalibStats:
     std_dev: float
     p99: float
     suggested_scale: float
+
+    scheme: ClassVar[str] = "calib-stats"
+    _arrays: ClassVar[Tuple[str, ...]] = ()
+    _params: ClassVar[Tuple[str, ...]] = (
+        "min",
+        "max",
+        "mean",
+        "std_dev",
+        "p99",
+        "suggested_scale",
+    )
+
+    def __post_init__(self) -> None:
+        for name in self._params:
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(
+                v, (int, float, np.floating, np.integer)
+            ):
+                raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+            v = float(v)
+            if not math.isfinite(v):
+                raise InvalidConfigError(f"{name} must be finite, got {v}")
+            object.__setattr__(self, name, v)
+        for name in ("std_dev", "p99", "suggested_scale"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.min > self.max:
+            raise InvalidConfigError(f"min ({self.min}) must not exceed max ({self.max})")
+
+    def compression_ratio(self) -> float:
+        """Statistics compress nothing: 1.0."""
+        return 1.0
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._params)
+        return f"CalibStats({fields})"
 
     @classmethod
     def collect(cls, batches: Any) -> CalibStats:
