@@ -405,10 +405,10 @@ fn per_tensor<T: Float>(
     let (scale, zp) = scale_zero_point(range, config);
     (*scale_out, *zp_out) = (scale, zp);
     let a = affine(config, range, scale, zp);
-    let store = Store::for_run(n, n);
     // Pass 2: the codes. (Rayon's iterators only inside the pool: outside it they
     // would start rayon's global pool, which ferroquant never uses.)
     parallel::run(work, |par| {
+        let store = Store::for_run(n, n, par);
         if !par {
             return codes_run(isa, x, a, &mut codes, store);
         }
@@ -482,8 +482,8 @@ fn per_channel<T: Float>(
         1
     };
     let task_rows = || parallel::units_per_task(rows.div_ceil(unit), cs * unit) * unit;
-    let store = Store::for_run(n, cs);
-    let task = |t0: usize, xs: &[T], out: TaskOut<'_>, sc: &mut [f64], zs: &mut [f64]| {
+    let task = |t0: usize, xs: &[T], out: TaskOut<'_>, sc: &mut [f64], zs: &mut [f64], par| {
+        let store = Store::for_run(n, cs, par);
         let mut scratch = Scratch::new();
         let mut out = out;
         for (r, xr) in xs.chunks(cs).enumerate() {
@@ -507,7 +507,7 @@ fn per_channel<T: Float>(
                 CodesMut::Int8(c) => TaskOut::Int8(c),
                 CodesMut::Int4(c) => TaskOut::Int4(Int4Writer::new(c, 0)),
             };
-            return task(0, x, out, scales, zero_points);
+            return task(0, x, out, scales, zero_points, false);
         }
         let tr = task_rows();
         let scales = scales
@@ -519,7 +519,7 @@ fn per_channel<T: Float>(
                 .zip(c.par_chunks_mut(tr * cs))
                 .zip(scales)
                 .enumerate()
-                .map(|(t, ((xs, c), (sc, zs)))| task(t * tr, xs, TaskOut::Int8(c), sc, zs))
+                .map(|(t, ((xs, c), (sc, zs)))| task(t * tr, xs, TaskOut::Int8(c), sc, zs, true))
                 .reduce(|| Ok(()), |a, b| parallel::first_error(a, b, |_, _| ())),
             CodesMut::Int4(c) => x
                 .par_chunks(tr * cs)
@@ -527,7 +527,14 @@ fn per_channel<T: Float>(
                 .zip(scales)
                 .enumerate()
                 .map(|(t, ((xs, b), (sc, zs)))| {
-                    task(t * tr, xs, TaskOut::Int4(Int4Writer::new(b, 0)), sc, zs)
+                    task(
+                        t * tr,
+                        xs,
+                        TaskOut::Int4(Int4Writer::new(b, 0)),
+                        sc,
+                        zs,
+                        true,
+                    )
                 })
                 .reduce(|| Ok(()), |a, b| parallel::first_error(a, b, |_, _| ())),
         }
@@ -599,10 +606,10 @@ pub fn dequantize_with<O: Float>(
     let size = std::mem::size_of::<O>();
     // Rows of one group are cut into runs of at most `len` elements (even, so
     // int4 runs start on a byte unless a row itself starts mid-byte).
-    let run = |e0: usize, o: &mut [O], scratch: &mut Scratch| {
+    let run = |e0: usize, o: &mut [O], scratch: &mut Scratch, par: bool| {
         let g = e0 / cs;
         let (zp, scale) = (zero_points[g], scales[g]);
-        let store = Store::for_run(n.saturating_mul(size), o.len().saturating_mul(size));
+        let store = Store::for_run(n.saturating_mul(size), o.len().saturating_mul(size), par);
         match codes {
             Codes::Int8(c) => {
                 stage::affine_values(isa, &c[e0..e0 + o.len()], zp, scale, o, scratch, store)
@@ -622,25 +629,25 @@ pub fn dequantize_with<O: Float>(
     // Measured break-even: 2^20 elements took 227 µs on one thread, 258 on two;
     // 2^22 took 1.23 ms and 1.15 ms. Work is counted at a sixteenth per element.
     // A task's span of the output, split at group boundaries.
-    let span = |start: usize, o: &mut [O]| {
+    let span = |start: usize, o: &mut [O], par: bool| {
         let mut scratch = Scratch::new();
         let mut done = 0;
         while done < o.len() {
             let e0 = start + done;
             let group_end = (e0 / cs + 1) * cs;
             let end = group_end.min(start + o.len());
-            run(e0, &mut o[done..end - start], &mut scratch);
+            run(e0, &mut o[done..end - start], &mut scratch, par);
             done = end - start;
         }
     };
     parallel::run(n / 16, |par| {
         if !par {
-            return span(0, out);
+            return span(0, out, false);
         }
         let len = flat_task_len(n);
         out.par_chunks_mut(len)
             .enumerate()
-            .for_each(|(t, o)| span(t * len, o))
+            .for_each(|(t, o)| span(t * len, o, true))
     });
     Ok(())
 }

@@ -89,7 +89,7 @@ pub(crate) fn split_quantize<T: Float, S: ScaleStore>(
         bs,
         rule,
         // Long groups (rows, tokens) of a large output stream their codes.
-        store: Store::for_run(x.len(), bs),
+        store: Store::for_run(x.len(), bs, par),
     };
     if !par {
         return quantize_task(plan, x, codes, scales, 0);

@@ -361,8 +361,8 @@ pub fn dynamic_quantize_with<T: Float>(
                 return outcome.into_result().map(|_| ());
             }
             // Percentile rows: a selection per row, rows across the pool.
-            let store = Store::for_run(n, cols);
-            let row = |r0: usize, xs: &[T], cs: &mut [i8], ss: &mut [f32]| {
+            let row = |r0: usize, xs: &[T], cs: &mut [i8], ss: &mut [f32], par: bool| {
+                let store = Store::for_run(n, cols, par);
                 let (mut stage, mut bits, mut tmp) = (Vec::new(), Vec::new(), Vec::new());
                 for (r, ((xr, cr), s)) in
                     xs.chunks(cols).zip(cs.chunks_mut(cols)).zip(ss).enumerate()
@@ -385,14 +385,14 @@ pub fn dynamic_quantize_with<T: Float>(
             let rows = scales.len();
             parallel::run(n, |par| {
                 if !par {
-                    return row(0, x, c, scales);
+                    return row(0, x, c, scales, false);
                 }
                 let tr = parallel::units_per_task(rows, cols);
                 x.par_chunks(tr * cols)
                     .zip(c.par_chunks_mut(tr * cols))
                     .zip(scales.par_chunks_mut(tr))
                     .enumerate()
-                    .map(|(t, ((xs, cs), ss))| row(t * tr, xs, cs, ss))
+                    .map(|(t, ((xs, cs), ss))| row(t * tr, xs, cs, ss, true))
                     .reduce(|| Ok(()), |a, b| parallel::first_error(a, b, |_, _| ()))
             })
             .map_err(nonfinite)
@@ -415,7 +415,7 @@ pub fn dynamic_quantize_with<T: Float>(
                     &mut GroupOut::Int8(c),
                     &mut stage,
                     &mut tmp,
-                    Store::for_run(n, n),
+                    Store::for_run(n, n, false),
                 ),
                 DynCodesMut::Int4(c) => {
                     let mut w = Int4Writer::new(c, 0);

@@ -443,18 +443,21 @@ fn outputs_large_enough_to_stream_match_scalar() {
     assert!(n >= Store::STREAMING_MIN_BYTES);
     let x: Vec<f32> = adversarial_f64(n, 5).iter().map(|&v| v as f32).collect();
     let int8 = QuantConfig::int8();
-    for c in [int8, int8.asymmetric(), QuantConfig::int8_per_channel()] {
-        for shape in [vec![n], vec![rows, cols]] {
-            let fast = run(Isa::detected(), &x, &shape, c).unwrap();
-            assert_eq!(fast, run(Isa::Scalar, &x, &shape, c).unwrap(), "{c:?}");
-            // 4 bytes an element: 8 Mi elements and more stream their values too.
-            assert_eq!(
-                values::<f32>(Isa::detected(), &fast, &shape, c, n),
-                values::<f32>(Isa::Scalar, &fast, &shape, c, n),
-                "{c:?}"
-            );
+    // Streaming stores are used on one thread only; check both.
+    with_threads(&[1, 2], |_| {
+        for c in [int8, int8.asymmetric(), QuantConfig::int8_per_channel()] {
+            for shape in [vec![n], vec![rows, cols]] {
+                let fast = run(Isa::detected(), &x, &shape, c).unwrap();
+                assert_eq!(fast, run(Isa::Scalar, &x, &shape, c).unwrap(), "{c:?}");
+                // 4 bytes an element: 8 Mi elements and more stream their values too.
+                assert_eq!(
+                    values::<f32>(Isa::detected(), &fast, &shape, c, n),
+                    values::<f32>(Isa::Scalar, &fast, &shape, c, n),
+                    "{c:?}"
+                );
+            }
         }
-    }
+    });
 }
 
 #[test]

@@ -217,20 +217,23 @@ fn the_histogram_percentile_is_the_sorted_element() {
 fn outputs_large_enough_to_stream_match_scalar() {
     let (rows, cols) = (2049, 4099);
     let x = values(rows * cols, 13);
-    for f in [DynFormat::Int8PerRow, DynFormat::Int8PerTensor] {
-        let m = ScaleMode::MaxAbs;
-        assert_eq!(
-            run(Isa::detected(), &x, &[rows, cols], f, m),
-            run(Isa::Scalar, &x, &[rows, cols], f, m),
-            "{f:?}"
-        );
-    }
-    let bitnet = |isa| {
-        let (mut c, mut s) = (vec![0i8; x.len()], vec![0f32; rows]);
-        quantize_activations_with(isa, &x, cols, 8, &mut c, &mut s).unwrap();
-        (c, s)
-    };
-    assert_eq!(bitnet(Isa::detected()), bitnet(Isa::Scalar));
+    // Streaming stores are used on one thread only; check both.
+    with_threads(&[1, 2], |_| {
+        for f in [DynFormat::Int8PerRow, DynFormat::Int8PerTensor] {
+            let m = ScaleMode::MaxAbs;
+            assert_eq!(
+                run(Isa::detected(), &x, &[rows, cols], f, m),
+                run(Isa::Scalar, &x, &[rows, cols], f, m),
+                "{f:?}"
+            );
+        }
+        let bitnet = |isa| {
+            let (mut c, mut s) = (vec![0i8; x.len()], vec![0f32; rows]);
+            quantize_activations_with(isa, &x, cols, 8, &mut c, &mut s).unwrap();
+            (c, s)
+        };
+        assert_eq!(bitnet(Isa::detected()), bitnet(Isa::Scalar));
+    });
 }
 
 #[test]
