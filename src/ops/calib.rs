@@ -10,6 +10,7 @@
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};
+use crate::ops::dynamic::{abs_histogram, BIN_SHIFT};
 use crate::parallel;
 use crate::simd::{self, Isa};
 use crate::stage::STAGE;
@@ -89,33 +90,12 @@ fn part<T: Float>(isa: Isa, x: &[T], k: f64, threshold: u32) -> std::result::Res
 /// `keep`-th largest value, or `None` on a non-finite value (the main pass
 /// reports it) or when that bin is the lowest.
 fn histogram_threshold<T: Float>(isa: Isa, x: &[T], keep: usize) -> Option<u32> {
-    const SHIFT: u32 = 15;
-    let mut hist = vec![0u64; 1 << 16];
-    let mut stage = vec![0f32; STAGE.min(x.len())];
-    for xs in x.chunks(STAGE) {
-        let xf: &[f32] = match T::as_f32_slice(xs) {
-            Some(xf) => xf,
-            None => {
-                let st = &mut stage[..xs.len()];
-                T::convert_to_f32(isa, xs, st);
-                st
-            }
-        };
-        for v in xf {
-            hist[((v.to_bits() & 0x7fff_ffff) >> SHIFT) as usize] += 1;
-        }
-    }
-    if hist[(crate::simd::F32_INF_BITS >> SHIFT) as usize..]
-        .iter()
-        .any(|&c| c > 0)
-    {
-        return None;
-    }
+    let hist = abs_histogram(isa, x, &mut Vec::new()).ok()?;
     let mut above = 0u64;
     for (bin, &c) in hist.iter().enumerate().rev() {
         above += c;
         if above >= keep as u64 {
-            return (bin > 0).then_some((bin as u32) << SHIFT);
+            return (bin > 0).then_some((bin as u32) << BIN_SHIFT);
         }
     }
     None

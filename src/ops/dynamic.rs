@@ -111,6 +111,44 @@ fn for_each_stage<T: Float>(
     Ok(())
 }
 
+/// [`for_each_stage`] over stages checked first: `Err(i)` names the first
+/// NaN or infinity (group index) before `f` sees its stage; `f` also gets the
+/// stage's max |x| bit pattern.
+fn finite_stages<T: Float>(
+    isa: Isa,
+    x: &[T],
+    stage: &mut Vec<f32>,
+    mut f: impl FnMut(&[f32], u32),
+) -> std::result::Result<(), usize> {
+    for_each_stage(isa, x, stage, |off, xs| {
+        let m = simd::absmax_bits(isa, xs);
+        if m >= F32_INF_BITS {
+            return Err(off + simd::scalar::first_non_finite(xs));
+        }
+        f(xs, m);
+        Ok(())
+    })
+}
+
+/// Bits an |x| bit pattern is shifted by to find its bin of [`abs_histogram`].
+pub(crate) const BIN_SHIFT: u32 = 15;
+
+/// Counts of |x| by the top 16 bits of its bit pattern (65536 bins, ordered as
+/// the values are), or the group index of the first NaN or infinity.
+pub(crate) fn abs_histogram<T: Float>(
+    isa: Isa,
+    x: &[T],
+    stage: &mut Vec<f32>,
+) -> std::result::Result<Vec<u64>, usize> {
+    let mut hist = vec![0u64; 1 << 16];
+    finite_stages(isa, x, stage, |xs, _| {
+        for v in xs {
+            hist[((v.to_bits() & 0x7fff_ffff) >> BIN_SHIFT) as usize] += 1;
+        }
+    })?;
+    Ok(hist)
+}
+
 /// A group's statistic (max |x| or the percentile of |x|), or the group index
 /// of its first non-finite value. `bits` is scratch for the percentile.
 fn statistic<T: Float>(
@@ -123,14 +161,7 @@ fn statistic<T: Float>(
     match mode {
         ScaleMode::MaxAbs => {
             let mut m = 0u32;
-            for_each_stage(isa, x, stage, |off, xs| {
-                let b = simd::absmax_bits(isa, xs);
-                if b >= F32_INF_BITS {
-                    return Err(off + simd::scalar::first_non_finite(xs));
-                }
-                m = m.max(b);
-                Ok(())
-            })?;
+            finite_stages(isa, x, stage, |_, b| m = m.max(b))?;
             Ok(f32::from_bits(m))
         }
         ScaleMode::Percentile(p) => {
@@ -138,19 +169,15 @@ fn statistic<T: Float>(
                 return Ok(0.0);
             }
             let rank = percentile_rank(p, x.len());
-            if x.len() >= HISTOGRAM_MIN && x.len() < u32::MAX as usize {
+            if x.len() >= HISTOGRAM_MIN {
                 return percentile_by_histogram(isa, x, rank, stage, bits);
             }
             // |x| as bit patterns: for non-negative finite floats their integer
             // order is the float order, so selection on integers is exact.
             bits.clear();
             bits.reserve(x.len());
-            for_each_stage(isa, x, stage, |off, xs| {
-                if simd::absmax_bits(isa, xs) >= F32_INF_BITS {
-                    return Err(off + simd::scalar::first_non_finite(xs));
-                }
+            finite_stages(isa, x, stage, |xs, _| {
                 bits.extend(xs.iter().map(|v| v.to_bits() & 0x7fff_ffff));
-                Ok(())
             })?;
             let (_, v, _) = bits.select_nth_unstable(rank);
             Ok(f32::from_bits(*v))
@@ -174,17 +201,7 @@ fn percentile_by_histogram<T: Float>(
     stage: &mut Vec<f32>,
     bits: &mut Vec<u32>,
 ) -> std::result::Result<f32, usize> {
-    const SHIFT: u32 = 15;
-    let mut hist = vec![0u32; 1 << 16];
-    for_each_stage(isa, x, stage, |off, xs| {
-        if simd::absmax_bits(isa, xs) >= F32_INF_BITS {
-            return Err(off + simd::scalar::first_non_finite(xs));
-        }
-        for v in xs {
-            hist[((v.to_bits() & 0x7fff_ffff) >> SHIFT) as usize] += 1;
-        }
-        Ok(())
-    })?;
+    let hist = abs_histogram(isa, x, stage)?;
     let (mut bin, mut below) = (0usize, 0usize);
     for (b, &c) in hist.iter().enumerate() {
         if below + c as usize > rank {
@@ -199,7 +216,7 @@ fn percentile_by_histogram<T: Float>(
         bits.extend(
             xs.iter()
                 .map(|v| v.to_bits() & 0x7fff_ffff)
-                .filter(|&b| (b >> SHIFT) as usize == bin),
+                .filter(|&b| (b >> BIN_SHIFT) as usize == bin),
         );
         Ok(())
     });
