@@ -1,4 +1,4 @@
-//! AVX-512 (F/BW/VL) primitives: 16 lanes, masked loads and stores for tails,
+//! AVX-512 (F/BW/VL/DQ) primitives: 16 lanes, masked loads and stores for tails,
 //! so a block of any length runs without a scalar remainder loop.
 
 use super::kernels::{Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN};
@@ -20,6 +20,12 @@ fn head_to_align(addr: usize, align: usize, size: usize, n: usize) -> usize {
 fn tail_mask(n: usize) -> __mmask16 {
     debug_assert!(n < 16);
     ((1u32 << n) - 1) as __mmask16
+}
+
+/// Mask of the first `min(n, 16)` lanes.
+#[inline(always)]
+fn lanes_mask(n: usize) -> __mmask16 {
+    ((1u32 << n.min(16)) - 1) as __mmask16
 }
 
 /// Affine codes of fewer than 16 f32 values (masked load and store).
@@ -64,30 +70,207 @@ unsafe fn dequantize_masked_f32(q: &[i8], out: &mut [f32], zp: __m512d, scale: _
     }
 }
 
-/// `clamp(round_half_away(v / s), -clip, clip)` as i32 lanes, exactly as
-/// `scalar::quantize_one`: divide (not multiply by a reciprocal), truncate,
-/// then step one away from zero where the dropped fraction is at least 0.5.
+/// `round_half_away(y)` as i32 lanes for `|y| <= 2^24`: add ±0.5 rounding
+/// toward zero, then truncate. Rounding the sum toward zero never carries it
+/// across an integer, so this is `floor(|y| + 0.5)` with y's sign, exactly.
 #[inline(always)]
-unsafe fn quant16(v: __m512, s: __m512, clip: __m512) -> __m512i {
+unsafe fn round_half_away16(y: __m512) -> (__m512, __m512i) {
     // SAFETY: the caller runs with AVX-512F (the Kernels contract).
     unsafe {
-        let y = _mm512_div_ps(v, s);
-        let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
-        // Exact: |y - t| < 1 and t is y with its fraction bits cleared.
-        let frac = _mm512_abs_ps(_mm512_sub_ps(y, t));
-        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
-        let sign = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(i32::MIN));
-        let step = _mm512_castsi512_ps(_mm512_or_si512(
-            sign,
-            _mm512_castps_si512(_mm512_set1_ps(1.0)),
-        ));
-        let r = _mm512_mask_add_ps(t, up, t, step);
-        let neg = _mm512_castsi512_ps(_mm512_xor_si512(
-            _mm512_castps_si512(clip),
+        // copysign(0.5, y): y's sign bit over 0.5's other bits.
+        let half = _mm512_ternarylogic_epi32::<0xCA>(
             _mm512_set1_epi32(i32::MIN),
-        ));
-        let c = _mm512_min_ps(_mm512_max_ps(r, neg), clip);
-        _mm512_cvttps_epi32(c)
+            _mm512_castps_si512(y),
+            _mm512_castps_si512(_mm512_set1_ps(0.5)),
+        );
+        let z = _mm512_add_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(
+            y,
+            _mm512_castsi512_ps(half),
+        );
+        (z, _mm512_cvttps_epi32(z))
+    }
+}
+
+/// `round_half_away(v / s)` as i32 lanes, exactly as `scalar::quantize_one`
+/// before its clamp: divide, limit to ±2^24 (a bound no code reaches, so the
+/// conversion never overflows and the final clamp decides as before), round.
+#[inline(always)]
+unsafe fn round16_exact(v: __m512, s: __m512) -> __m512i {
+    // SAFETY: the caller runs with AVX-512F/DQ (the Kernels contract).
+    unsafe {
+        let y = _mm512_div_ps(v, s);
+        // vrangeps 0b0010: the operand of smaller magnitude with y's sign.
+        let y = _mm512_range_ps::<0b0010>(y, _mm512_set1_ps(16_777_216.0));
+        round_half_away16(y).1
+    }
+}
+
+/// Near a rounding boundary `|z - rne(z)|` is below this: see [`round16_fast`].
+const NEAR_TIE: f32 = 1.0 / 8192.0;
+
+/// `round_half_away(v * r)` as i32 lanes, where `r = 1/s` rounded, and the
+/// lanes where it may differ from `round16_exact(v, s)`.
+///
+/// `y1 = v * r` is within `|q|·(2^-23 + 2^-24)` of `fl(v / s)` (`q` the exact
+/// quotient): under 2^-14.4 while `|q| < 256`, so the two round alike unless a
+/// half-integer lies that close to `y1`, that is unless `z = y1 ± 0.5`
+/// (rounded toward zero, one more ulp <= 2^-16 off) is within 2^-14 of an
+/// integer. Those lanes are flagged (`NEAR_TIE` is twice that), as are
+/// integral `z` of 2^23 or more (out of the bound, and of i32 range) and NaN.
+/// Where `|q| >= 256` unflagged, both round to 255 or more, which every
+/// clamp to ±clip (and the i8 saturation) maps alike.
+#[inline(always)]
+unsafe fn round16_fast(v: __m512, r: __m512) -> (__m512i, __mmask16) {
+    // SAFETY: the caller runs with AVX-512F/DQ (the Kernels contract).
+    unsafe {
+        let y = _mm512_range_ps::<0b0010>(_mm512_mul_ps(v, r), _mm512_set1_ps(16_777_216.0));
+        let q = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+        let e = _mm512_abs_ps(_mm512_reduce_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(y));
+        (
+            q,
+            _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(e, _mm512_set1_ps(0.5 - NEAR_TIE)),
+        )
+    }
+}
+
+/// The i8 bounds of `clamp(r, -clip, clip) as i8` for an integer `r`:
+/// `±floor(clip)`, saturated to i8 as `as` does.
+#[inline(always)]
+unsafe fn clip_bytes(clip: f32) -> (__m512i, __m512i) {
+    let hi = clip.floor().min(127.0) as i8;
+    let lo = (-clip.floor()).max(-128.0) as i8;
+    // SAFETY: the caller runs with AVX-512F (the Kernels contract).
+    unsafe { (_mm512_set1_epi8(lo), _mm512_set1_epi8(hi)) }
+}
+
+/// 16 codes with the clamp, as i8 in the low 16 bytes (the saturating
+/// narrowing keeps order, so clamping the bytes equals clamping the i32s).
+#[inline(always)]
+unsafe fn quant16(v: __m512, s: __m512, lo: __m512i, hi: __m512i) -> __m128i {
+    // SAFETY: as `round16_exact`.
+    unsafe {
+        let b = _mm512_cvtsepi32_epi8(round16_exact(v, s));
+        _mm_min_epi8(
+            _mm_max_epi8(b, _mm512_castsi512_si128(lo)),
+            _mm512_castsi512_si128(hi),
+        )
+    }
+}
+
+/// Four vectors of i32 codes as 64 saturated bytes in order, clamped.
+#[inline(always)]
+unsafe fn narrow64(q: [__m512i; 4], lo: __m512i, hi: __m512i) -> __m512i {
+    // SAFETY: AVX-512F/BW (the Kernels contract).
+    unsafe {
+        let ab = _mm512_packs_epi32(q[0], q[1]);
+        let cd = _mm512_packs_epi32(q[2], q[3]);
+        // Each 128-bit lane k now holds dwords (q0[4k..], q1[4k..], q2[4k..],
+        // q3[4k..]) of four bytes each: gather them back in order.
+        let bytes = _mm512_packs_epi16(ab, cd);
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let q = _mm512_permutexvar_epi32(order, bytes);
+        _mm512_min_epi8(_mm512_max_epi8(q, lo), hi)
+    }
+}
+
+/// 64 codes from 64 floats at `x`, clamped, in order. `r` is `1/s` when
+/// `fast` (see `round16_fast`); a chunk with any lane near a tie is redone
+/// with the exact division.
+#[inline(always)]
+unsafe fn quant64(
+    x: *const f32,
+    s: __m512,
+    r: __m512,
+    fast: bool,
+    lo: __m512i,
+    hi: __m512i,
+) -> __m512i {
+    // SAFETY: the caller guarantees 64 readable floats at `x` and AVX-512F/BW/DQ.
+    unsafe {
+        let v = [
+            _mm512_loadu_ps(x),
+            _mm512_loadu_ps(x.add(16)),
+            _mm512_loadu_ps(x.add(32)),
+            _mm512_loadu_ps(x.add(48)),
+        ];
+        if fast {
+            let (a, ka) = round16_fast(v[0], r);
+            let (b, kb) = round16_fast(v[1], r);
+            let (c, kc) = round16_fast(v[2], r);
+            let (d, kd) = round16_fast(v[3], r);
+            if (ka | kb | kc | kd) == 0 {
+                return narrow64([a, b, c, d], lo, hi);
+            }
+        }
+        let q = [
+            round16_exact(v[0], s),
+            round16_exact(v[1], s),
+            round16_exact(v[2], s),
+            round16_exact(v[3], s),
+        ];
+        narrow64(q, lo, hi)
+    }
+}
+
+/// `quantize_scaled` over one run, prefetching `ahead` into L2 at the rate the
+/// run consumes its input (four lines for every 64 elements coded).
+#[inline(always)]
+unsafe fn scaled_run(
+    x: &[f32],
+    scale: f32,
+    clip: f32,
+    out: &mut [i8],
+    store: Store,
+    ahead: &[f32],
+) {
+    let n = x.len().min(out.len());
+    let (x, out) = (&x[..n], &mut out[..n]);
+    let mut ahead = ahead.chunks(16);
+    // SAFETY: AVX-512F/BW/DQ per the Kernels contract; loads and stores stay
+    // inside the equal-length `x` and `out` (a masked head, 64-element chunks,
+    // masked tails of at most 16); streaming stores go to 64-byte aligned
+    // chunks only (the head aligns them) and are fenced before returning.
+    // Prefetches only name addresses inside `ahead`.
+    unsafe {
+        let s = _mm512_set1_ps(scale);
+        let (lo, hi) = clip_bytes(clip);
+        // The reciprocal shortcut needs a normal scale and reciprocal.
+        let recip = 1.0 / scale;
+        let fast = scale.is_normal() && recip.is_normal();
+        let r = _mm512_set1_ps(recip);
+        let head = match store {
+            Store::Streaming => head_to_align(out.as_ptr() as usize, 64, 1, n),
+            Store::Cached => 0,
+        };
+        for (c, o) in x[..head].chunks(16).zip(out[..head].chunks_mut(16)) {
+            let k = lanes_mask(c.len());
+            let q = quant16(_mm512_maskz_loadu_ps(k, c.as_ptr()), s, lo, hi);
+            _mm_mask_storeu_epi8(o.as_mut_ptr().cast(), k, q);
+        }
+        let (x, out) = (&x[head..], &mut out[head..]);
+        let mut xc = x.chunks_exact(64);
+        let mut oc = out.chunks_exact_mut(64);
+        for (c, o) in (&mut xc).zip(&mut oc) {
+            for line in (&mut ahead).take(4) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let q = quant64(c.as_ptr(), s, r, fast, lo, hi);
+            match store {
+                Store::Streaming => _mm512_stream_si512(o.as_mut_ptr().cast(), q),
+                Store::Cached => _mm512_storeu_si512(o.as_mut_ptr().cast(), q),
+            }
+        }
+        if matches!(store, Store::Streaming) {
+            _mm_sfence();
+        }
+        let out = oc.into_remainder();
+        for (c, o) in xc.remainder().chunks(16).zip(out.chunks_mut(16)) {
+            let k = lanes_mask(c.len());
+            let q = quant16(_mm512_maskz_loadu_ps(k, c.as_ptr()), s, lo, hi);
+            _mm_mask_storeu_epi8(o.as_mut_ptr().cast(), k, q);
+        }
     }
 }
 
@@ -469,49 +652,21 @@ impl Kernels for Avx512 {
 
     #[inline(always)]
     unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store) {
-        let n = x.len().min(out.len());
-        let (x, out) = (&x[..n], &mut out[..n]);
-        // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
-        // the equal-length `x` and `out` (a masked head, exact chunks, a masked
-        // tail); streaming stores go to 16-byte aligned chunks only (the head
-        // aligns them) and are fenced before returning.
-        unsafe {
-            let s = _mm512_set1_ps(scale);
-            let clip = _mm512_set1_ps(clip);
-            let head = match store {
-                Store::Streaming => head_to_align(out.as_ptr() as usize, 16, 1, n),
-                Store::Cached => 0,
-            };
-            if head > 0 {
-                let k = tail_mask(head);
-                let q = quant16(_mm512_maskz_loadu_ps(k, x.as_ptr()), s, clip);
-                _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr(), k, q);
-            }
-            let (x, out) = (&x[head..], &mut out[head..]);
-            let mut xc = x.chunks_exact(16);
-            let mut oc = out.chunks_exact_mut(16);
-            match store {
-                Store::Streaming => {
-                    for (c, o) in (&mut xc).zip(&mut oc) {
-                        let q = quant16(_mm512_loadu_ps(c.as_ptr()), s, clip);
-                        _mm_stream_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
-                    }
-                    _mm_sfence();
-                }
-                Store::Cached => {
-                    for (c, o) in (&mut xc).zip(&mut oc) {
-                        let q = quant16(_mm512_loadu_ps(c.as_ptr()), s, clip);
-                        _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
-                    }
-                }
-            }
-            let rest = xc.remainder();
-            if !rest.is_empty() {
-                let k = tail_mask(rest.len());
-                let q = quant16(_mm512_maskz_loadu_ps(k, rest.as_ptr()), s, clip);
-                _mm512_mask_cvtepi32_storeu_epi8(oc.into_remainder().as_mut_ptr(), k, q);
-            }
-        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { scaled_run(x, scale, clip, out, store, &[]) }
+    }
+
+    #[inline(always)]
+    unsafe fn quantize_scaled_ahead(
+        x: &[f32],
+        scale: f32,
+        clip: f32,
+        out: &mut [i8],
+        store: Store,
+        ahead: &[f32],
+    ) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { scaled_run(x, scale, clip, out, store, ahead) }
     }
 
     #[inline(always)]

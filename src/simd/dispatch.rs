@@ -21,7 +21,7 @@ macro_rules! dispatch {
             match isa.usable() {
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => {
-                    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+                    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
                     unsafe fn entry($($arg: $ty),*) -> $ret {
                         // SAFETY: compiled with the AVX-512 features the kernels use.
                         unsafe { $($generic)::+::<Avx512>($($arg),*) }
@@ -143,6 +143,10 @@ primitive!(
 primitive!(
     /// `out[i] = clamp(round(x[i] / scale), -clip, clip)` (scale > 0).
     quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store) -> ()
+);
+primitive!(
+    /// `quantize_scaled`, bringing `ahead` toward the core meanwhile.
+    quantize_scaled_ahead(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store, ahead: &[f32]) -> ()
 );
 primitive!(
     /// `out[i] = q[i] as f32 * scale`.

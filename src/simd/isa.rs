@@ -26,7 +26,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 with F16C (256-bit; every AVX2 CPU has F16C).
     Avx2,
-    /// x86-64 AVX-512 F/BW/VL (512-bit, masked tails).
+    /// x86-64 AVX-512 F/BW/VL/DQ (512-bit, masked tails; every AVX-512 CPU with
+    /// BW and VL has DQ).
     Avx512,
 }
 
@@ -54,6 +55,7 @@ impl Isa {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bw")
                     && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,

@@ -190,6 +190,19 @@ pub(crate) trait Kernels {
     unsafe fn absmax_bits(x: &[f32]) -> u32;
     /// `out[i] = clamp(round_half_away(x[i] / scale), -clip, clip)`.
     unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store);
+    /// `quantize_scaled`, bringing `ahead` toward the core meanwhile.
+    unsafe fn quantize_scaled_ahead(
+        x: &[f32],
+        scale: f32,
+        clip: f32,
+        out: &mut [i8],
+        store: Store,
+        ahead: &[f32],
+    ) {
+        let _ = ahead;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::quantize_scaled(x, scale, clip, out, store) }
+    }
     /// `out[i] = q[i] as f32 * scale`.
     unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]);
     /// `out[i] = f32(x[i])`, exact.

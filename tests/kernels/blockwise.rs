@@ -112,6 +112,100 @@ fn tails_of_every_length_match_scalar() {
     }
 }
 
+/// Values whose quotient by `scale` lands on, or within a few ulps of, a
+/// half-integer (where a reciprocal multiply could round the other way),
+/// exact integers, and quotients far beyond any clip; each 64-element chunk
+/// of one kind, so chunks without near-ties take the shortcut.
+fn near_ties(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed | 1);
+    (0..n)
+        .map(|i| {
+            let k = (r.next() % 300) as f32 - 150.0;
+            let ordinary = (r.unit() - 0.5) * 300.0 * scale;
+            let v = match (i / 64 + seed as usize) % 4 {
+                0 => {
+                    let t = (k + 0.5) * scale;
+                    let d = (r.next() % 7) as i64 - 3;
+                    f32::from_bits((t.to_bits() as i64 + d).max(0) as u32)
+                }
+                1 => k * scale,
+                2 if r.next().is_multiple_of(4) => (r.unit() - 0.5) * 1e30,
+                _ => ordinary,
+            };
+            if v.is_finite() {
+                v
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn reciprocal_shortcut_matches_division() {
+    // The AVX-512 path multiplies by 1/scale and redoes near-tie chunks with
+    // the division: every chunk kind, scales with a subnormal or infinite
+    // reciprocal (no shortcut), clips that are not integers or exceed i8.
+    let scales = [
+        1.0f32,
+        0.37,
+        3.0e-3,
+        1.0 / 127.0,
+        0.1,
+        7.3e5,
+        1.2e-38,
+        1.0e-39,
+        3.0e38,
+        2.9e-39,
+    ];
+    for isa in Isa::supported() {
+        for (i, &scale) in scales.iter().enumerate() {
+            for clip in [127.0f32, 7.0, 1.0, 7.5, 127.9, 200.0, 0.0] {
+                for n in [64usize, 65, 127, 128, 200, 1000, 4096 + 37] {
+                    let x = near_ties(n, scale, (i * 1000 + n) as u64);
+                    let mut a = vec![0i8; n];
+                    let mut b = vec![0i8; n];
+                    simd::quantize_scaled(Isa::Scalar, &x, scale, clip, &mut b, Store::Cached);
+                    simd::quantize_scaled(isa, &x, scale, clip, &mut a, Store::Cached);
+                    assert_eq!(a, b, "isa {isa:?} scale {scale} clip {clip} n {n}");
+                    let ahead = near_ties(n, 1.0, 9);
+                    let mut c = vec![0i8; n];
+                    simd::quantize_scaled_ahead(
+                        isa,
+                        &x,
+                        scale,
+                        clip,
+                        &mut c,
+                        Store::Cached,
+                        &ahead,
+                    );
+                    assert_eq!(c, b, "ahead: isa {isa:?} scale {scale} clip {clip} n {n}");
+                    for off in [1usize, 17, 63] {
+                        let mut d = vec![0x55i8; n];
+                        let st = Store::Streaming;
+                        simd::quantize_scaled(isa, &x[off..], scale, clip, &mut d[off..], st);
+                        let mut e = vec![0i8; n - off];
+                        simd::quantize_scaled(
+                            Isa::Scalar,
+                            &x[off..],
+                            scale,
+                            clip,
+                            &mut e,
+                            Store::Cached,
+                        );
+                        assert_eq!(
+                            &d[off..],
+                            &e[..],
+                            "streaming {isa:?} off {off} scale {scale}"
+                        );
+                        assert!(d[..off].iter().all(|&v| v == 0x55));
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn non_finite_index_is_the_same_on_every_isa() {
     for isa in Isa::supported() {
