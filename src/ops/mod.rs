@@ -15,3 +15,4 @@ pub(crate) mod drive;
 pub mod dynamic;
 pub mod pack;
 pub mod smooth;
+pub mod w8a8;

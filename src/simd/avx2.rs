@@ -2,7 +2,7 @@
 //! scalar kernel, which computes the same values.
 
 use super::kernels::{Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN};
-use super::scalar::{quantize_one, Scalar};
+use super::scalar::{self, quantize_one, Scalar};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
@@ -134,7 +134,71 @@ unsafe fn widen8<T: Copy>(x: &[T], out: &mut [f32], cvt: impl Fn(__m128i) -> __m
     }
 }
 
+/// Exact dot products of `R` rows of `w` (stride `k`) with one token `a`:
+/// `vpmaddwd` on sign-extended 16-byte steps (pairs of products in i32
+/// lanes), lanes widened to i64 after every `DOT_CHUNK`, the `k % 16` tail
+/// in scalar.
+#[inline(always)]
+unsafe fn dots_rows<const R: usize>(w: &[i8], a: &[i8], k: usize) -> [i64; R] {
+    let mut total = [0i64; R];
+    let body = k - k % 16;
+    // SAFETY: AVX2 per the Kernels contract; every load reads 16 bytes at
+    // `i < body <= k` of a row of `w` (R rows of k) or of `a` (k bytes).
+    unsafe {
+        let mut start = 0;
+        while start < body {
+            let end = (start + scalar::DOT_CHUNK).min(body);
+            let mut acc = [_mm256_setzero_si256(); R];
+            let mut i = start;
+            while i < end {
+                let av = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.as_ptr().add(i).cast()));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let p = w.as_ptr().add(r * k + i);
+                    let wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()));
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(wv, av));
+                }
+                i += 16;
+            }
+            for (t, acc) in total.iter_mut().zip(acc) {
+                let lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(acc));
+                let hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(acc));
+                let s = _mm256_add_epi64(lo, hi);
+                let mut lanes = [0i64; 4];
+                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), s);
+                *t += lanes.iter().sum::<i64>();
+            }
+            start = end;
+        }
+    }
+    for (r, t) in total.iter_mut().enumerate() {
+        *t += scalar::i8_dot(&w[r * k + body..(r + 1) * k], &a[body..k]);
+    }
+    total
+}
+
 impl Kernels for Avx2 {
+    #[inline(always)]
+    unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
+        let (rows, tokens) = (w.len() / k, a.len() / k);
+        for (t, at) in a.chunks_exact(k).enumerate() {
+            let mut r = 0;
+            while r + 4 <= rows {
+                // SAFETY: forwarded from this function's contract.
+                let d = unsafe { dots_rows::<4>(&w[r * k..(r + 4) * k], at, k) };
+                for (j, v) in d.into_iter().enumerate() {
+                    out[(r + j) * tokens + t] = v;
+                }
+                r += 4;
+            }
+            while r < rows {
+                // SAFETY: as above.
+                let d = unsafe { dots_rows::<1>(&w[r * k..(r + 1) * k], at, k) };
+                out[r * tokens + t] = d[0];
+                r += 1;
+            }
+        }
+    }
+
     #[inline(always)]
     unsafe fn absmax_bits(x: &[f32]) -> u32 {
         let mut chunks = x.chunks_exact(16);

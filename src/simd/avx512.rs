@@ -2,11 +2,13 @@
 //! so a block of any length runs without a scalar remainder loop.
 
 use super::kernels::{Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN};
+use super::scalar;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
-/// The AVX-512 ISA marker.
-pub(crate) struct Avx512;
+/// The AVX-512 ISA marker; `VNNI`: the integer dot products use `vpdpbusd`
+/// (the caller is compiled with `avx512vnni`).
+pub(crate) struct Avx512<const VNNI: bool>;
 
 /// Elements (of `size` bytes, `addr` a multiple of `size`) before `addr`
 /// reaches a multiple of `align`, at most `n` (and below 16 for the aligns used).
@@ -486,7 +488,7 @@ unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool>(
         let mut codes = [0i8; 32];
         let cs = &mut codes[..xr.len()];
         quantize_f32_run::<RANGE, CLAMP>(xr, a, cs, Store::Cached, fast);
-        Avx512::pack_int4(cs, or);
+        Avx512::<false>::pack_int4(cs, or);
     }
 }
 
@@ -539,7 +541,219 @@ unsafe fn widen16<T: Copy>(x: &[T], out: &mut [f32], cvt: impl Fn(__m256i) -> __
     }
 }
 
-impl Kernels for Avx512 {
+/// Mask of the first `min(n, 64)` bytes.
+#[inline(always)]
+fn byte_mask(n: usize) -> __mmask64 {
+    if n >= 64 {
+        !0
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// The sum of a vector's sixteen i32 lanes, in i64.
+#[inline(always)]
+unsafe fn lanes_sum_i64(v: __m512i) -> i64 {
+    // SAFETY: the caller runs with AVX-512F.
+    unsafe {
+        let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v));
+        let hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(v));
+        _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi))
+    }
+}
+
+/// `Σ a[i]` over `k` bytes at `a`, exactly: `vpsadbw` of the bytes offset to
+/// unsigned (`a + 128`), less `128·k`.
+#[inline(always)]
+unsafe fn byte_sum(a: *const i8, k: usize) -> i64 {
+    // SAFETY: the caller guarantees `k` readable bytes at `a` and AVX-512BW.
+    unsafe {
+        let flip = _mm512_set1_epi8(i8::MIN);
+        let zero = _mm512_setzero_si512();
+        let (mut s0, mut s1) = (zero, zero);
+        let mut i = 0;
+        while i + 128 <= k {
+            let u0 = _mm512_xor_si512(_mm512_loadu_si512(a.add(i).cast()), flip);
+            let u1 = _mm512_xor_si512(_mm512_loadu_si512(a.add(i + 64).cast()), flip);
+            s0 = _mm512_add_epi64(s0, _mm512_sad_epu8(u0, zero));
+            s1 = _mm512_add_epi64(s1, _mm512_sad_epu8(u1, zero));
+            i += 128;
+        }
+        while i < k {
+            // Masked-off bytes load as 0 and count 128 like the rest.
+            let v = _mm512_maskz_loadu_epi8(byte_mask(k - i), a.add(i));
+            s0 = _mm512_add_epi64(s0, _mm512_sad_epu8(_mm512_xor_si512(v, flip), zero));
+            i += 64;
+        }
+        _mm512_reduce_add_epi64(_mm512_add_epi64(s0, s1)) - 128 * i as i64
+    }
+}
+
+/// Exact dot products of `R` rows of `w` with `T` tokens of `a` (both at
+/// stride `k`), in i64: per 64 bytes either `vpdpbusd` (VNNI: the weight
+/// bytes offset to unsigned, `w + 128`, times the signed activation, four
+/// products a lane; `128·Σa` is taken off at the end) or `vpmaddwd` on
+/// sign-extended halves; lanes widened to i64 after every `DOT_CHUNK`, so no
+/// i32 lane can overflow. The tail is a masked load (zeros add nothing).
+#[inline(always)]
+unsafe fn dots_tile<const VNNI: bool, const R: usize, const T: usize>(
+    w: *const i8,
+    a: *const i8,
+    k: usize,
+    asum: [i64; T],
+    ahead: Option<*const i8>,
+) -> [[i64; T]; R] {
+    let mut total = [[0i64; T]; R];
+    // SAFETY: the caller guarantees R rows and T tokens of `k` readable bytes
+    // and AVX-512F/BW (and VNNI when `VNNI`); loads are masked to `k`.
+    unsafe {
+        let flip = _mm512_set1_epi8(i8::MIN);
+        let mut start = 0;
+        while start < k {
+            let end = (start + scalar::DOT_CHUNK).min(k);
+            let mut acc = [[_mm512_setzero_si512(); T]; R];
+            let mut i = start;
+            while i < end {
+                if let Some(p) = ahead {
+                    for r in 0..R {
+                        _mm_prefetch::<_MM_HINT_T0>(p.add(r * k + i));
+                    }
+                }
+                let full = end - i >= 64;
+                let m = byte_mask(end - i);
+                let mut av = [_mm512_setzero_si512(); T];
+                for (t, v) in av.iter_mut().enumerate() {
+                    let p = a.add(t * k + i);
+                    *v = if full {
+                        _mm512_loadu_si512(p.cast())
+                    } else {
+                        _mm512_maskz_loadu_epi8(m, p)
+                    };
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let p = w.add(r * k + i);
+                    let wv = if full {
+                        _mm512_loadu_si512(p.cast())
+                    } else {
+                        _mm512_maskz_loadu_epi8(m, p)
+                    };
+                    if VNNI {
+                        let wu = _mm512_xor_si512(wv, flip);
+                        for (t, acc) in acc.iter_mut().enumerate() {
+                            *acc = _mm512_dpbusd_epi32(*acc, wu, av[t]);
+                        }
+                    } else {
+                        let wl = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(wv));
+                        let wh = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(wv));
+                        for (t, acc) in acc.iter_mut().enumerate() {
+                            let al = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(av[t]));
+                            let ah = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(av[t]));
+                            let p = _mm512_add_epi32(
+                                _mm512_madd_epi16(wl, al),
+                                _mm512_madd_epi16(wh, ah),
+                            );
+                            *acc = _mm512_add_epi32(*acc, p);
+                        }
+                    }
+                }
+                i += 64;
+            }
+            for (tot, acc) in total.iter_mut().zip(acc) {
+                for (t, v) in tot.iter_mut().zip(acc) {
+                    *t += lanes_sum_i64(v);
+                }
+            }
+            start = end;
+        }
+    }
+    if VNNI {
+        for tot in total.iter_mut() {
+            for (t, s) in tot.iter_mut().zip(asum) {
+                // Masked-off weight bytes also became 128, against activation 0.
+                *t -= 128 * s;
+            }
+        }
+    }
+    total
+}
+
+/// Tokens whose byte sums are taken at once (a stack buffer).
+const SUM_BLOCK: usize = 64;
+
+/// `dots_tile` over every row and token: tokens in blocks of `SUM_BLOCK`
+/// (each token's `Σa` taken once), rows in fours, tokens in pairs.
+#[inline(always)]
+unsafe fn dots_all<const VNNI: bool>(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
+    let (rows, tokens) = (w.len() / k, a.len() / k);
+    // SAFETY: AVX-512F/BW(/VNNI) per the caller; every tile reads whole rows
+    // of `w` and tokens of `a` inside the slices; `out` is written through
+    // bounds-checked indexing.
+    unsafe {
+        let mut sums = [0i64; SUM_BLOCK];
+        for t0 in (0..tokens).step_by(SUM_BLOCK) {
+            let tn = (tokens - t0).min(SUM_BLOCK);
+            if VNNI {
+                for (j, s) in sums[..tn].iter_mut().enumerate() {
+                    *s = byte_sum(a.as_ptr().add((t0 + j) * k), k);
+                }
+            }
+            let mut r = 0;
+            while r < rows {
+                let rn = if rows - r >= 4 { 4 } else { 1 };
+                let wp = w.as_ptr().add(r * k);
+                // The next rows, fetched while the first tokens pass over these.
+                let next = (r + 2 * rn <= rows).then(|| wp.add(rn * k));
+                let mut t = t0;
+                while t < t0 + tn {
+                    let ap = a.as_ptr().add(t * k);
+                    let j = t - t0;
+                    let ahead = if t == t0 { next } else { None };
+                    if t0 + tn - t >= 4 && rn == 4 {
+                        let s = [sums[j], sums[j + 1], sums[j + 2], sums[j + 3]];
+                        let d = dots_tile::<VNNI, 4, 4>(wp, ap, k, s, ahead);
+                        for (i, row) in d.iter().enumerate() {
+                            out[(r + i) * tokens + t..][..4].copy_from_slice(row);
+                        }
+                        t += 4;
+                    } else if t0 + tn - t >= 2 {
+                        let s = [sums[j], sums[j + 1]];
+                        if rn == 4 {
+                            let d = dots_tile::<VNNI, 4, 2>(wp, ap, k, s, ahead);
+                            for (i, row) in d.iter().enumerate() {
+                                out[(r + i) * tokens + t..][..2].copy_from_slice(row);
+                            }
+                        } else {
+                            let d = dots_tile::<VNNI, 1, 2>(wp, ap, k, s, ahead);
+                            out[r * tokens + t..][..2].copy_from_slice(&d[0]);
+                        }
+                        t += 2;
+                    } else {
+                        let s = [sums[j]];
+                        if rn == 4 {
+                            let d = dots_tile::<VNNI, 4, 1>(wp, ap, k, s, ahead);
+                            for (i, row) in d.iter().enumerate() {
+                                out[(r + i) * tokens + t] = row[0];
+                            }
+                        } else {
+                            out[r * tokens + t] =
+                                dots_tile::<VNNI, 1, 1>(wp, ap, k, s, ahead)[0][0];
+                        }
+                        t += 1;
+                    }
+                }
+                r += rn;
+            }
+        }
+    }
+}
+
+impl<const VNNI: bool> Kernels for Avx512<VNNI> {
+    #[inline(always)]
+    unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { dots_all::<VNNI>(w, a, k, out) }
+    }
+
     #[inline(always)]
     unsafe fn absmax_bits(x: &[f32]) -> u32 {
         // SAFETY: AVX-512F per the Kernels contract; every load reads inside `x`

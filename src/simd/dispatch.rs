@@ -20,11 +20,21 @@ macro_rules! dispatch {
         pub fn $name(isa: Isa, $($arg: $ty),*) -> $ret {
             match isa.usable() {
                 #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Vnni => {
+                    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+                    unsafe fn entry($($arg: $ty),*) -> $ret {
+                        // SAFETY: compiled with the AVX-512 features the kernels use.
+                        unsafe { $($generic)::+::<Avx512<true>>($($arg),*) }
+                    }
+                    // SAFETY: `usable()` returned Avx512Vnni, so the CPU supports it.
+                    unsafe { entry($($arg),*) }
+                }
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => {
                     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
                     unsafe fn entry($($arg: $ty),*) -> $ret {
                         // SAFETY: compiled with the AVX-512 features the kernels use.
-                        unsafe { $($generic)::+::<Avx512>($($arg),*) }
+                        unsafe { $($generic)::+::<Avx512<false>>($($arg),*) }
                     }
                     // SAFETY: `usable()` returned Avx512, so the CPU supports it.
                     unsafe { entry($($arg),*) }
@@ -43,7 +53,7 @@ macro_rules! dispatch {
                 Isa::Scalar => unsafe { $($generic)::+::<Scalar>($($arg),*) },
                 // Tiers compiled only for x86-64 cannot be `usable()` elsewhere.
                 #[cfg(not(target_arch = "x86_64"))]
-                Isa::Avx2 | Isa::Avx512 => unreachable!("usable() returned an x86-64 tier"),
+                Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => unreachable!("usable() returned an x86-64 tier"),
             }
         }
     };
@@ -147,6 +157,11 @@ primitive!(
 primitive!(
     /// `quantize_scaled`, bringing `ahead` toward the core meanwhile.
     quantize_scaled_ahead(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store, ahead: &[f32]) -> ()
+);
+primitive!(
+    /// Exact int8 dot products of every row of `w` with every token of `a`
+    /// (both `k` wide): `out[r * tokens + t]`.
+    i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) -> ()
 );
 primitive!(
     /// `out[i] = q[i] as f32 * scale`.

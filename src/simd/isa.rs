@@ -29,6 +29,9 @@ pub enum Isa {
     /// x86-64 AVX-512 F/BW/VL/DQ (512-bit, masked tails; every AVX-512 CPU with
     /// BW and VL has DQ).
     Avx512,
+    /// AVX-512 as above plus VNNI (`vpdpbusd`, four byte products into each
+    /// 32-bit lane): the same kernels, and the integer dot products use it.
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -38,6 +41,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "avx512vnni",
         }
     }
 
@@ -57,6 +61,10 @@ impl Isa {
                     && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("avx512dq")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx512.is_supported() && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -68,7 +76,7 @@ impl Isa {
     }
 
     /// Every tier, lowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni];
 
     /// The tier named `name` (as [`Isa::name`] spells it).
     pub fn from_name(name: &str) -> Option<Isa> {
@@ -76,7 +84,7 @@ impl Isa {
     }
 
     /// The best supported ISA, capped by `FERROQUANT_SIMD` (`scalar`, `avx2`,
-    /// `avx512`; any other value is ignored, and [`env_warning`] says so).
+    /// `avx512`, `avx512vnni`; any other value is ignored, and [`env_warning`] says so).
     /// Decided once per process.
     ///
     /// Cached in an atomic rather than a `OnceLock`: racing first calls both
@@ -92,7 +100,7 @@ impl Isa {
         let cap = std::env::var(ENV_SIMD)
             .ok()
             .and_then(|v| Isa::from_name(v.trim()))
-            .unwrap_or(Isa::Avx512);
+            .unwrap_or(Isa::Avx512Vnni);
         let isa = cap.usable();
         let index = Isa::ALL.iter().position(|&i| i == isa).unwrap_or(0);
         DETECTED.store(index as u8 + 1, Ordering::Release);

@@ -203,6 +203,12 @@ pub(crate) trait Kernels {
         // SAFETY: forwarded from this function's contract.
         unsafe { Self::quantize_scaled(x, scale, clip, out, store) }
     }
+    /// Exact integer dot products of int8 rows with int8 tokens:
+    /// `out[r * tokens + t] = Σ_i w[r·k + i] · a[t·k + i]` for the
+    /// `w.len() / k` rows of `w` and the `tokens = a.len() / k` rows of `a`
+    /// (`k >= 1`, `out.len() >= rows · tokens`). Exact for any `k` and any
+    /// bytes (see `scalar::i8_dot`).
+    unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]);
     /// `out[i] = q[i] as f32 * scale`.
     unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]);
     /// `out[i] = f32(x[i])`, exact.

@@ -26,6 +26,23 @@ pub fn affine_value(q: i8, zp: f64, scale: f64) -> f64 {
     (q as f64 - zp) * scale
 }
 
+/// Products summed in one i32 before they move to the i64 total: 65536
+/// products of at most 128·128 = 2^14 stay within 2^30, whatever the bytes.
+/// (SPEC §3 allows chunks of up to 131072; the integer is the same.)
+pub const DOT_CHUNK: usize = 65_536;
+
+/// The exact dot product of two int8 vectors (over their common length): i32
+/// partial sums over chunks of [`DOT_CHUNK`] products, added in i64.
+pub fn i8_dot(w: &[i8], a: &[i8]) -> i64 {
+    w.chunks(DOT_CHUNK)
+        .zip(a.chunks(DOT_CHUNK))
+        .map(|(wc, ac)| {
+            let part: i32 = wc.iter().zip(ac).map(|(&x, &y)| x as i32 * y as i32).sum();
+            part as i64
+        })
+        .sum()
+}
+
 /// Sign-extend the low nibble of `b`.
 #[inline(always)]
 pub fn nibble(b: u8) -> i8 {
@@ -59,6 +76,15 @@ macro_rules! range_impl {
 }
 
 impl Kernels for Scalar {
+    unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
+        let tokens = a.len() / k;
+        for (r, wr) in w.chunks_exact(k).enumerate() {
+            for (t, at) in a.chunks_exact(k).enumerate() {
+                out[r * tokens + t] = i8_dot(wr, at);
+            }
+        }
+    }
+
     #[inline(always)]
     unsafe fn absmax_bits(x: &[f32]) -> u32 {
         x.iter()

@@ -1,0 +1,399 @@
+//! W8A8 integer products — SPEC §3, ported from seed 002 (oxibonsai
+//! `w8a8_matvec`) and its batched form.
+//!
+//! The activation is quantized with the crate's dynamic int8 kernel (MaxAbs,
+//! one scale per tensor for the vector, one per row for the batch); each
+//! output is the exact integer `acc = Σ w[o, i] · a[i]` (i64; SIMD lanes never
+//! overflow, see [`crate::simd::i8_dots`]) turned into
+//! `acc as f32 * w_scale[o] * a_scale` in f32, multiplied left to right.
+//!
+//! Deviations (SPEC): the seed sums in one i32, which wraps past ~133,000
+//! products of ±127; here the sum is exact for any length. Non-finite
+//! activations and weight scales are errors.
+//!
+//! Work is split by output rows across the pool; a batch is tiled so each
+//! panel of weight rows is read from memory once for a block of tokens that
+//! stays in cache. Results do not depend on the split.
+
+use crate::element::Float;
+use crate::error::{QuantError, Result};
+use crate::ops::dynamic::{self, DynCodesMut, DynFormat, ScaleMode};
+use crate::parallel;
+use crate::simd::{self, Isa};
+use rayon::prelude::*;
+
+/// Bytes of weight rows one task keeps in L2 while every token of a block
+/// passes over them.
+const PANEL_BYTES: usize = 256 * 1024;
+/// Bytes of quantized tokens in one block (read from L2 for every panel).
+const TOKEN_BLOCK_BYTES: usize = 512 * 1024;
+
+/// `out[o] = Σ_i weight[o, i] · q(activation)[i]`, rescaled: seed 002's
+/// `w8a8_matvec` with an exact sum. `weight` is `[out_features, in_features]`
+/// row-major int8, `weight_scales` one f32 per output row.
+///
+/// Errors, in the seed's order: `EmptyInput` for an empty `activation`;
+/// `ShapeMismatch` naming `activation`, `weight`, `weight_scales` or `out`;
+/// `NonFinite` naming `weight_scales` or `activation`.
+pub fn w8a8_matvec<T: Float>(
+    weight: &[i8],
+    shape: [usize; 2],
+    weight_scales: &[f32],
+    activation: &[T],
+    out: &mut [f32],
+) -> Result<()> {
+    let mut codes = vec![0i8; activation.len()];
+    w8a8_matmul_with(
+        Isa::detected(),
+        weight,
+        shape,
+        weight_scales,
+        activation,
+        Batch::Vector,
+        &mut codes,
+        out,
+    )
+}
+
+/// `out[t, o] = Σ_i weight[o, i] · q(activations[t])[i]`, rescaled by
+/// `weight_scales[o]` and token `t`'s own scale. `activations` is
+/// `[tokens, in_features]`; `out` is `[tokens, out_features]`. Zero tokens
+/// give an empty result; `in_features == 0` is `EmptyInput`.
+pub fn w8a8_matmul<T: Float>(
+    weight: &[i8],
+    shape: [usize; 2],
+    weight_scales: &[f32],
+    activations: &[T],
+    tokens: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let mut codes = vec![0i8; activations.len()];
+    w8a8_matmul_with(
+        Isa::detected(),
+        weight,
+        shape,
+        weight_scales,
+        activations,
+        Batch::Tokens(tokens),
+        &mut codes,
+        out,
+    )
+}
+
+/// The activation side of a product: one vector quantized per tensor
+/// (`w8a8_matvec`), or `tokens` rows quantized one scale each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Batch {
+    /// One activation vector, one scale.
+    Vector,
+    /// `[tokens, in_features]`, one scale per token.
+    Tokens(usize),
+}
+
+/// [`w8a8_matvec`] / [`w8a8_matmul`] on a chosen ISA, with the scratch for
+/// the activation codes supplied (`codes.len() == activations.len()`).
+#[allow(clippy::too_many_arguments)]
+pub fn w8a8_matmul_with<T: Float>(
+    isa: Isa,
+    weight: &[i8],
+    shape: [usize; 2],
+    weight_scales: &[f32],
+    activations: &[T],
+    batch: Batch,
+    codes: &mut [i8],
+    out: &mut [f32],
+) -> Result<()> {
+    let _env = simd::fpenv::Pinned::new();
+    let [out_f, in_f] = shape;
+    let (arg, tokens) = match batch {
+        Batch::Vector => ("activation", 1),
+        Batch::Tokens(t) => ("activations", t),
+    };
+    let empty = match batch {
+        Batch::Vector => activations.is_empty(),
+        Batch::Tokens(_) => in_f == 0,
+    };
+    if empty {
+        return Err(QuantError::EmptyInput { arg });
+    }
+    let want = tokens.checked_mul(in_f);
+    if want != Some(activations.len()) {
+        let expected = match batch {
+            Batch::Vector => format!("{in_f} elements (in_features)"),
+            Batch::Tokens(t) => format!("{t} x {in_f} elements"),
+        };
+        return Err(mismatch(arg, expected, activations.len()));
+    }
+    if out_f.checked_mul(in_f) != Some(weight.len()) {
+        return Err(mismatch(
+            "weight",
+            format!("{out_f} x {in_f}"),
+            weight.len(),
+        ));
+    }
+    if weight_scales.len() != out_f {
+        return Err(mismatch(
+            "weight_scales",
+            format!("{out_f} (out_features)"),
+            weight_scales.len(),
+        ));
+    }
+    if codes.len() != activations.len() {
+        return Err(mismatch(
+            "codes",
+            activations.len().to_string(),
+            codes.len(),
+        ));
+    }
+    let n_out = tokens * out_f;
+    if out.len() != n_out {
+        return Err(mismatch("out", n_out.to_string(), out.len()));
+    }
+    if let Some(i) = weight_scales.iter().position(|s| !s.is_finite()) {
+        return Err(QuantError::NonFinite {
+            arg: "weight_scales",
+            index: i,
+        });
+    }
+    if tokens == 0 || out_f == 0 {
+        // Still the activation's errors first: its non-finite values count.
+        let mut a_scales = vec![0f32; tokens.max(1)];
+        return quantize_activations(isa, activations, batch, in_f, codes, &mut a_scales, arg);
+    }
+    let mut a_scales = vec![0f32; tokens];
+    quantize_activations(isa, activations, batch, in_f, codes, &mut a_scales, arg)?;
+    let codes = &*codes;
+    let dims = Dims {
+        isa,
+        in_f,
+        out_f,
+        tokens,
+    };
+    parallel::run(weight.len().saturating_mul(tokens), |par| {
+        let rows = panel_rows(in_f);
+        if !par {
+            for (p, (wp, sp)) in weight
+                .chunks(rows * in_f)
+                .zip(weight_scales.chunks(rows))
+                .enumerate()
+            {
+                let part = panel(dims, wp, sp, codes, &a_scales);
+                scatter(out, &part, p * rows, sp.len(), dims);
+            }
+            return;
+        }
+        let parts: Vec<Vec<f32>> = weight
+            .par_chunks(rows * in_f)
+            .zip(weight_scales.par_chunks(rows))
+            .map(|(wp, sp)| panel(dims, wp, sp, codes, &a_scales))
+            .collect();
+        for (p, part) in parts.iter().enumerate() {
+            let n = part.len() / tokens;
+            scatter(out, part, p * rows, n, dims);
+        }
+    });
+    Ok(())
+}
+
+fn mismatch(arg: &'static str, expected: String, actual: usize) -> QuantError {
+    QuantError::ShapeMismatch {
+        arg,
+        expected,
+        actual: actual.to_string(),
+    }
+}
+
+/// The activation codes and scales: per tensor for a vector, per row for a
+/// batch; a non-finite value is reported against the caller's argument name.
+fn quantize_activations<T: Float>(
+    isa: Isa,
+    x: &[T],
+    batch: Batch,
+    in_f: usize,
+    codes: &mut [i8],
+    scales: &mut [f32],
+    arg: &'static str,
+) -> Result<()> {
+    let (shape, format, scales) = match batch {
+        Batch::Vector => (vec![x.len()], DynFormat::Int8PerTensor, &mut scales[..1]),
+        Batch::Tokens(t) => (vec![t, in_f], DynFormat::Int8PerRow, &mut scales[..t]),
+    };
+    let done = dynamic::dynamic_quantize_with(
+        isa,
+        x,
+        &shape,
+        format,
+        ScaleMode::MaxAbs,
+        DynCodesMut::Int8(codes),
+        scales,
+    );
+    done.map_err(|e| match e {
+        QuantError::NonFinite { index, .. } => QuantError::NonFinite { arg, index },
+        other => other,
+    })
+}
+
+#[derive(Clone, Copy)]
+struct Dims {
+    isa: Isa,
+    in_f: usize,
+    out_f: usize,
+    tokens: usize,
+}
+
+/// Weight rows in one panel: about [`PANEL_BYTES`], a multiple of 4 (the
+/// kernels take rows in fours), at least 4.
+fn panel_rows(in_f: usize) -> usize {
+    ((PANEL_BYTES / in_f.max(1)) / 4 * 4).clamp(4, 1024)
+}
+
+/// One panel of weight rows against every token, as `[rows][tokens]` f32
+/// results: token blocks that fit [`TOKEN_BLOCK_BYTES`] pass over the panel
+/// while it stays in cache.
+fn panel(dims: Dims, w: &[i8], w_scales: &[f32], codes: &[i8], a_scales: &[f32]) -> Vec<f32> {
+    let Dims {
+        isa, in_f, tokens, ..
+    } = dims;
+    let rows = w_scales.len();
+    let block = (TOKEN_BLOCK_BYTES / in_f).clamp(2, tokens.max(2));
+    let mut acc = vec![0i64; rows * block.min(tokens)];
+    let mut res = vec![0f32; rows * tokens];
+    for (b, cb) in codes.chunks(block * in_f).enumerate() {
+        let bt = cb.len() / in_f;
+        let acc = &mut acc[..rows * bt];
+        simd::i8_dots(isa, w, cb, in_f, acc);
+        for (r, &ws) in w_scales.iter().enumerate() {
+            for (j, &a) in acc[r * bt..(r + 1) * bt].iter().enumerate() {
+                let t = b * block + j;
+                // The seed's `acc as f32 * w_scale * act_scale`, left to right.
+                res[r * tokens + t] = a as f32 * ws * a_scales[t];
+            }
+        }
+    }
+    res
+}
+
+/// Copy a panel's `[rows][tokens]` results into `out[tokens][out_f]` from
+/// column `first_row`.
+fn scatter(out: &mut [f32], part: &[f32], first_row: usize, rows: usize, dims: Dims) {
+    let Dims { out_f, tokens, .. } = dims;
+    for r in 0..rows {
+        for t in 0..tokens {
+            out[t * out_f + first_row + r] = part[r * tokens + t];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(w: &[i8], shape: [usize; 2], ws: &[f32], codes: &[i8], a_scale: f32) -> Vec<f32> {
+        let [o, i] = shape;
+        (0..o)
+            .map(|r| {
+                let acc: i64 = (0..i).map(|j| w[r * i + j] as i64 * codes[j] as i64).sum();
+                acc as f32 * ws[r] * a_scale
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matvec_is_the_exact_sum_rescaled() {
+        let (o, i) = (13usize, 301usize);
+        let w: Vec<i8> = (0..o * i).map(|k| ((k * 37) % 256) as u8 as i8).collect();
+        let ws: Vec<f32> = (0..o).map(|k| 0.01 + k as f32 * 1e-3).collect();
+        let x: Vec<f32> = (0..i).map(|k| (k as f32 * 0.37).sin() * 4.0).collect();
+        let mut out = vec![0f32; o];
+        w8a8_matvec(&w, [o, i], &ws, &x, &mut out).unwrap();
+        let mut codes = vec![0i8; i];
+        let mut s = [0f32];
+        dynamic::dynamic_quantize(
+            &x,
+            &[i],
+            DynFormat::Int8PerTensor,
+            ScaleMode::MaxAbs,
+            DynCodesMut::Int8(&mut codes),
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(out, reference(&w, [o, i], &ws, &codes, s[0]));
+    }
+
+    #[test]
+    fn sums_past_i32_are_exact() {
+        // 200,000 products of 127 * 127 overflow i32 (the seed would wrap).
+        let i = 200_000;
+        let w = vec![127i8; i];
+        let x = vec![1.0f32; i];
+        for isa in Isa::supported() {
+            let mut out = [0f32];
+            let mut codes = vec![0i8; i];
+            w8a8_matmul_with(
+                isa,
+                &w,
+                [1, i],
+                &[1.0],
+                &x,
+                Batch::Vector,
+                &mut codes,
+                &mut out,
+            )
+            .unwrap();
+            let exact = (127i64 * 127 * i as i64) as f32 * 1.0 * (1.0f32 / 127.0);
+            assert_eq!(out[0], exact, "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn errors_follow_the_seed_order() {
+        let w = [1i8; 6];
+        let mut out = [0f32; 2];
+        let e = w8a8_matvec::<f32>(&w, [2, 3], &[1.0, 1.0], &[], &mut out).unwrap_err();
+        assert!(matches!(e, QuantError::EmptyInput { arg: "activation" }));
+        let e = w8a8_matvec(&w, [2, 3], &[1.0, 1.0], &[1.0f32; 2], &mut out).unwrap_err();
+        assert!(matches!(
+            e,
+            QuantError::ShapeMismatch {
+                arg: "activation",
+                ..
+            }
+        ));
+        let e = w8a8_matvec(&w[..5], [2, 3], &[1.0, 1.0], &[1.0f32; 3], &mut out).unwrap_err();
+        assert!(matches!(e, QuantError::ShapeMismatch { arg: "weight", .. }));
+        let e = w8a8_matvec(&w, [2, 3], &[1.0], &[1.0f32; 3], &mut out).unwrap_err();
+        assert!(matches!(
+            e,
+            QuantError::ShapeMismatch {
+                arg: "weight_scales",
+                ..
+            }
+        ));
+        let e = w8a8_matvec(&w, [2, 3], &[1.0, f32::NAN], &[1.0f32; 3], &mut out).unwrap_err();
+        assert!(matches!(
+            e,
+            QuantError::NonFinite {
+                arg: "weight_scales",
+                index: 1
+            }
+        ));
+        let e = w8a8_matvec(
+            &w,
+            [2, 3],
+            &[1.0, 1.0],
+            &[1.0, f32::INFINITY, 0.0],
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            e,
+            QuantError::NonFinite {
+                arg: "activation",
+                index: 1
+            }
+        ));
+        let e = w8a8_matmul::<f32>(&[], [2, 0], &[1.0, 1.0], &[], 3, &mut [0.0; 6]).unwrap_err();
+        assert!(matches!(e, QuantError::EmptyInput { arg: "activations" }));
+        w8a8_matmul::<f32>(&w, [2, 3], &[1.0, 1.0], &[], 0, &mut []).unwrap();
+    }
+}
