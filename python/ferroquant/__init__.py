@@ -67,6 +67,7 @@ from .errors import (
 from .quantizers import Affine, BitNetAct, Blockwise8, Dynamic
 from .registry import Quantizer, get_quantizer, list_quantizers, register_quantizer
 from .serialization import load, load_bytes, save, save_bytes
+from .w8a8 import w8a8_matmul, w8a8_matvec
 
 __all__ = [
     "Affine",
@@ -124,6 +125,8 @@ __all__ = [
     "smooth_activations",
     "smooth_weights",
     "supported_isas",
+    "w8a8_matmul",
+    "w8a8_matvec",
 ]
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "simd_isa",
     "smooth_in_place",
     "supported_isas",
+    "w8a8_product",
 ]
 
 __version__: str
@@ -87,3 +88,11 @@ def smooth_in_place(
 def calib_batch(
     x: npt.NDArray[np.floating], threshold: int, keep: int
 ) -> Tuple[int, float, float, float, float, npt.NDArray[np.uint32], int]: ...
+def w8a8_product(
+    weight: npt.NDArray[np.int8],
+    out_features: int,
+    in_features: int,
+    weight_scales: npt.NDArray[np.float32],
+    activations: npt.NDArray[np.floating],
+    tokens: Optional[int],
+) -> npt.NDArray[np.float32]: ...

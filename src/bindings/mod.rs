@@ -15,6 +15,7 @@ mod formats;
 mod recycle;
 mod runtime;
 mod smooth;
+mod w8a8;
 
 use pyo3::prelude::*;
 
@@ -32,5 +33,6 @@ fn _ferroquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     affine::register(m)?;
     dynamic::register(m)?;
     smooth::register(m)?;
+    w8a8::register(m)?;
     Ok(())
 }

@@ -16,6 +16,7 @@ from .dynamic import (
     percentile_rank,
     quantization_mae,
     smooth_factors,
+    w8a8,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "round_half_away",
     "smooth_factors",
     "unpack_int4",
+    "w8a8",
 ]

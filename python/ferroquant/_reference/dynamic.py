@@ -170,3 +170,25 @@ def calib_stats(batches: Iterable[np.ndarray]) -> Tuple[float, ...]:
         float(p99),
         float(sug),
     )
+
+
+def w8a8(weight: np.ndarray, weight_scales: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Seed 002's ``w8a8_matvec`` (1-D ``x``, one scale) or its batched form (2-D ``x``,
+    a scale per row), with the sum in exact integers: ``float32[out]`` or
+    ``float32[tokens, out]``."""
+    w = np.asarray(weight, np.int8)
+    xs = np.asarray(x, F32)
+    rows = xs.reshape(1, -1) if xs.ndim == 1 else xs
+    if xs.ndim == 1:
+        codes, scales = dynamic_quantize(xs, "int8_per_tensor")
+        codes = codes.reshape(1, -1)
+    else:
+        codes, scales = dynamic_quantize(rows, "int8_per_row")
+        codes = codes.reshape(rows.shape)
+    out = np.zeros((rows.shape[0], w.shape[0]), F32)
+    for t in range(rows.shape[0]):
+        for o in range(w.shape[0]):
+            acc = sum(int(a) * int(b) for a, b in zip(w[o].tolist(), codes[t].tolist()))
+            # `acc as f32 * w_scale * act_scale`, each product rounded to f32.
+            out[t, o] = F32(F32(F32(acc) * weight_scales[o]) * scales[t])
+    return out[0] if xs.ndim == 1 else out

@@ -1,0 +1,97 @@
+"""W8A8 integer products (SPEC §3): seed 002's ``w8a8_matvec`` and its batched form.
+
+The activation is quantized to int8 with the dynamic MaxAbs kernel (one scale for a
+vector, one per row of a batch); each output is the exact integer dot product with an
+int8 weight row, rescaled as ``acc · w_scale · a_scale`` in float32, left to right.
+The integer sum is exact for any length (the seed's i32 wraps past ~133,000
+products); AVX-512 VNNI's ``vpdpbusd`` computes it where the CPU has it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _ferroquant as _native
+from ._checks import describe, float_input
+from .errors import EmptyInputError, ShapeMismatchError
+
+__all__ = ["w8a8_matmul", "w8a8_matvec"]
+
+
+def _weight(weight_i8: Any) -> np.ndarray:
+    """The int8 weight as a C-order 2-D array, or TypeError / ShapeMismatchError naming
+    ``weight_i8``. A weight already in C order is used in place."""
+    if not isinstance(weight_i8, np.ndarray) or weight_i8.dtype != np.int8:
+        raise TypeError(f"weight_i8 must be an int8 array, got {describe(weight_i8)}")
+    if weight_i8.ndim != 2:
+        raise ShapeMismatchError(
+            f"weight_i8: expected a 2-D array (out_features, in_features), got shape "
+            f"{weight_i8.shape}"
+        )
+    return weight_i8 if weight_i8.flags.c_contiguous else np.ascontiguousarray(weight_i8)
+
+
+def _scales(weight_scales: Any, out_f: int) -> np.ndarray:
+    """The float32 scales, one per output row, or TypeError / ShapeMismatchError."""
+    if not isinstance(weight_scales, np.ndarray) or weight_scales.dtype != np.float32:
+        raise TypeError(f"weight_scales must be a float32 array, got {describe(weight_scales)}")
+    if weight_scales.shape != (out_f,):
+        raise ShapeMismatchError(
+            f"weight_scales: expected shape ({out_f},) (one scale per output row), got "
+            f"{weight_scales.shape}"
+        )
+    s = weight_scales
+    return s if s.flags.c_contiguous and s.dtype.isnative else np.ascontiguousarray(s, np.float32)
+
+
+def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarray:
+    """``float32[out]``: ``weight_i8 [out, in]`` (int8) times ``activation [in]``
+    quantized per tensor, each output ``acc · weight_scales[o] · a_scale``.
+
+    Raises:
+        EmptyInputError: ``activation`` is empty.
+        ShapeMismatchError: ``activation`` is not 1-D of length ``in``, ``weight_i8`` is
+            not 2-D, or ``weight_scales`` is not ``(out,)``.
+        TypeError: ``weight_i8`` is not int8, ``weight_scales`` not float32, or
+            ``activation`` not a floating array.
+        NonFiniteError: ``activation`` or ``weight_scales`` holds NaN or an infinity.
+    """
+    x = float_input(activation, "activation")
+    if x.size == 0:
+        raise EmptyInputError("activation is empty: expected at least one element")
+    w = _weight(weight_i8)
+    out_f, in_f = w.shape
+    if x.ndim != 1 or x.shape[0] != in_f:
+        raise ShapeMismatchError(
+            f"activation: expected shape ({in_f},) (in_features), got {x.shape}"
+        )
+    s = _scales(weight_scales, out_f)
+    return _native.w8a8_product(w, out_f, in_f, s, x, None)
+
+
+def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndarray:
+    """``float32[tokens, out]``: ``weight_i8 [out, in]`` (int8) times each row of
+    ``activations [tokens, in]`` quantized with its own scale,
+    ``acc · weight_scales[o] · a_scale[t]``. Zero tokens give a ``(0, out)`` result.
+
+    Each panel of weight rows is read from memory once for a block of tokens.
+
+    Raises:
+        EmptyInputError: ``in_features`` is 0.
+        ShapeMismatchError: ``activations`` is not 2-D with ``in`` columns, or as
+            :func:`w8a8_matvec` for the weight.
+        TypeError / NonFiniteError: as :func:`w8a8_matvec`.
+    """
+    x = float_input(activations, "activations")
+    w = _weight(weight_i8)
+    out_f, in_f = w.shape
+    if in_f == 0:
+        raise EmptyInputError("activations are empty: in_features is 0")
+    if x.ndim != 2 or x.shape[1] != in_f:
+        raise ShapeMismatchError(f"activations: expected shape (tokens, {in_f}), got {x.shape}")
+    s = _scales(weight_scales, out_f)
+    tokens = x.shape[0]
+    flat = _native.w8a8_product(w, out_f, in_f, s, x, tokens)
+    return flat.reshape(tokens, out_f)
