@@ -5,7 +5,9 @@
 //!
 //! Case kinds (metadata `cases`): `dynamic` (`.x`, `.data`, `.scales`,
 //! `.deq`, `.scale127` = compute_scale(x, 127, mode)), `bitnet` (`.x`,
-//! `.data`, `.scales`, `.deq`) and `smooth` (`.a`, `.w`, `.factors`).
+//! `.data`, `.scales`, `.deq`), `smooth` (`.a`, `.w`, `.factors`) and
+//! `w8a8` (`.weight` int8, `.scales`, `.x`: 1-D for `w8a8_matvec`, 2-D for
+//! `w8a8_matmul`, `.out`).
 
 use ferroquant::ops::bitnet::quantize_activations;
 use ferroquant::ops::dynamic::{
@@ -14,6 +16,7 @@ use ferroquant::ops::dynamic::{
 };
 use ferroquant::ops::pack::packed_len;
 use ferroquant::ops::smooth::{compute_smooth_factors, SmoothQuantConfig};
+use ferroquant::ops::w8a8::{w8a8_matmul, w8a8_matvec};
 use half::{bf16, f16};
 use safetensors::tensor::Dtype;
 
@@ -210,6 +213,54 @@ fn main() {
         t.push((format!("s{i}.factors"), Dtype::F32, vec![21], bytes(&s)));
         cases.push(format!(
             r#"{{"case": "s{i}", "kind": "smooth", "alpha": {alpha:?}, "epsilon": 1e-05}}"#
+        ));
+    }
+    // W8A8: odd lengths, extreme weight bytes, a sum past i32 (2 x 140,000).
+    for (i, (o, k, tokens)) in [
+        (7, 65, 0),
+        (5, 131, 3),
+        (3, 1, 2),
+        (2, 140_000, 0),
+        (9, 300, 5),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut r = Rng(4000 + i as u64);
+        let w: Vec<i8> = (0..o * k)
+            .map(|j| match j % 5 {
+                0 => -128,
+                1 => 127,
+                _ => r.next() as u8 as i8,
+            })
+            .collect();
+        let ws: Vec<f32> = (0..o).map(|j| 1e-3 * (1 + j) as f32).collect();
+        let rows = tokens.max(1);
+        let x = if k > 100_000 {
+            vec![1.0f32; k]
+        } else {
+            values(rows * k, 5000 + i as u64, 0.5)
+        };
+        let mut out = vec![0f32; rows * o];
+        let shape = if tokens == 0 {
+            w8a8_matvec(&w, [o, k], &ws, &x, &mut out).unwrap();
+            vec![k]
+        } else {
+            w8a8_matmul(&w, [o, k], &ws, &x, tokens, &mut out).unwrap();
+            vec![tokens, k]
+        };
+        let wb: Vec<u8> = w.iter().map(|&v| v as u8).collect();
+        t.push((format!("w{i}.weight"), Dtype::I8, vec![o, k], wb));
+        t.push((format!("w{i}.scales"), Dtype::F32, vec![o], bytes(&ws)));
+        t.push((format!("w{i}.x"), Dtype::F32, shape, bytes(&x)));
+        t.push((
+            format!("w{i}.out"),
+            Dtype::F32,
+            vec![out.len()],
+            bytes(&out),
+        ));
+        cases.push(format!(
+            r#"{{"case": "w{i}", "kind": "w8a8", "tokens": {tokens}}}"#
         ));
     }
     golden::write("dynamic.safetensors", &t, &cases);

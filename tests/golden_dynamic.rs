@@ -9,6 +9,7 @@ use ferroquant::ops::dynamic::{
 };
 use ferroquant::ops::pack::packed_len;
 use ferroquant::ops::smooth::{compute_smooth_factors, SmoothQuantConfig};
+use ferroquant::ops::w8a8::{w8a8_matmul, w8a8_matvec};
 use ferroquant::Float;
 use half::{bf16, f16};
 use safetensors::tensor::Dtype;
@@ -145,6 +146,21 @@ fn the_kernels_reproduce_the_golden_file() {
                     })
                 });
             }
+            "w8a8" => {
+                let view = st.tensor(&format!("{case}.weight")).unwrap();
+                let [o, k] = [view.shape()[0], view.shape()[1]];
+                let w: Vec<i8> = view.data().iter().map(|&b| b as i8).collect();
+                let ws = decode(&field(&st, case, "scales"), f32::from_le_bytes);
+                let x = decode(&field(&st, case, "x"), f32::from_le_bytes);
+                let tokens = c["tokens"].as_u64().unwrap() as usize;
+                let mut out = vec![0f32; tokens.max(1) * o];
+                if tokens == 0 {
+                    w8a8_matvec(&w, [o, k], &ws, &x, &mut out).unwrap();
+                } else {
+                    w8a8_matmul(&w, [o, k], &ws, &x, tokens, &mut out).unwrap();
+                }
+                assert_eq!(f32s(&out), field(&st, case, "out"), "{case}");
+            }
             _ => {
                 let a = decode(&field(&st, case, "a"), f32::from_le_bytes);
                 let w = decode(&field(&st, case, "w"), f32::from_le_bytes);
@@ -156,5 +172,5 @@ fn the_kernels_reproduce_the_golden_file() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 67);
+    assert_eq!(seen, 72);
 }

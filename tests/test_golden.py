@@ -105,7 +105,7 @@ def _dynamic_cases():
 def test_dynamic_golden_file_covers_every_kind():
     cases = [p.values for p in _dynamic_cases()]
     kinds = {p["kind"] for p, _ in cases}
-    assert kinds == {"dynamic", "bitnet", "smooth"}
+    assert kinds == {"dynamic", "bitnet", "smooth", "w8a8"}
     fmts = {p["format"] for p, _ in cases if p["kind"] == "dynamic"}
     assert fmts == set(_DYN_FUNCS)
     dtypes = {str(a["x"].dtype) for p, a in cases if p["kind"] == "dynamic"}
@@ -118,6 +118,12 @@ def test_wheel_matches_rust_dynamic_bit_for_bit(params, arrays):
         assert np.asarray(got).dtype == want.dtype
         assert np.asarray(got).tobytes() == want.tobytes()
 
+    if params["kind"] == "w8a8":
+        w, s, x = arrays["weight"], arrays["scales"], arrays["x"]
+        assert w.dtype == np.int8
+        got = fq.w8a8_matvec(w, s, x) if params["tokens"] == 0 else fq.w8a8_matmul(w, s, x)
+        same(got.reshape(-1), arrays["out"])
+        return
     if params["kind"] == "smooth":
         cfg = fq.SmoothQuantConfig(params["alpha"], params["epsilon"])
         same(fq.compute_smooth_factors(arrays["a"], arrays["w"], cfg), arrays["factors"])
