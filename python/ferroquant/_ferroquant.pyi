@@ -15,6 +15,7 @@ __all__ = [
     "env_warnings",
     "get_num_threads",
     "get_output_cache",
+    "linear_forward",
     "output_cache_usage",
     "parse_safetensors_header",
     "quantize_affine",
@@ -95,4 +96,15 @@ def w8a8_product(
     weight_scales: npt.NDArray[np.float32],
     activations: npt.NDArray[np.floating],
     tokens: Optional[int],
+) -> npt.NDArray[np.float32]: ...
+def linear_forward(
+    codes: npt.NDArray[np.integer],
+    bits: int,
+    out_features: int,
+    in_features: int,
+    scales: npt.NDArray[np.float64],
+    zero_points: npt.NDArray[np.float64],
+    x: npt.NDArray[np.float32],
+    tokens: int,
+    bias: Optional[npt.NDArray[np.float32]],
 ) -> npt.NDArray[np.float32]: ...

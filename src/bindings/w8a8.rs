@@ -1,8 +1,10 @@
-//! W8A8 integer products (SPEC §3): extract, release the GIL around one
+//! W8A8 integer products (SPEC §3) and the quantized linear layer's fused
+//! forward pass (SPEC §2): extract, release the GIL around one
 //! `ops::w8a8` call, map the error, return the NumPy-allocated result.
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
+use crate::ops::linear::{self, QuantizedWeight, WeightCodes};
 use crate::ops::w8a8::{w8a8_matmul_with, Batch};
 use numpy::PyArray1;
 use pyo3::prelude::*;
@@ -47,5 +49,58 @@ pub(crate) fn w8a8_product<'py>(
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(w8a8_product, m)?)?;
+    m.add_function(wrap_pyfunction!(linear_forward, m)?)?;
     Ok(())
+}
+
+/// Flat float32 `[tokens, out_features]`: `x @ dequant(W).T + bias` for an
+/// int8 (`bits == 8`) or packed int4 weight with `scales` / `zero_points`
+/// (`out_features` of each, or one), never materializing the float weight.
+#[pyfunction]
+#[pyo3(signature = (codes, bits, out_features, in_features, scales, zero_points, x, tokens, bias))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_forward<'py>(
+    py: Python<'py>,
+    codes: &Bound<'py, PyAny>,
+    bits: u32,
+    out_features: usize,
+    in_features: usize,
+    scales: &Bound<'py, PyAny>,
+    zero_points: &Bound<'py, PyAny>,
+    x: &Bound<'py, PyAny>,
+    tokens: usize,
+    bias: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let s = exact::<f64>("scales", "float64", scales)?;
+    let z = exact::<f64>("zero_points", "float64", zero_points)?;
+    let xa = exact::<f32>("x", "float32", x)?;
+    let b = bias
+        .map(|b| exact::<f32>("bias", "float32", b))
+        .transpose()?;
+    let (i8c, u8c);
+    let weight_codes = if bits == 4 {
+        u8c = exact::<u8>("data", "uint8", codes)?;
+        WeightCodes::Int4(u8c.as_slice()?)
+    } else {
+        i8c = exact::<i8>("data", "int8", codes)?;
+        WeightCodes::Int8(i8c.as_slice()?)
+    };
+    let w = QuantizedWeight {
+        codes: weight_codes,
+        shape: [out_features, in_features],
+        scales: s.as_slice()?,
+        zero_points: z.as_slice()?,
+    };
+    let (xs, bs) = (
+        xa.as_slice()?,
+        b.as_ref().map(|b| b.as_slice()).transpose()?,
+    );
+    let out = output::<f32>(py, tokens.saturating_mul(out_features))?;
+    {
+        let mut ow = writable(&out)?;
+        let os = ow.as_slice_mut()?;
+        py.detach(|| linear::linear_forward(&w, xs, tokens, bs, os))
+            .map_err(|e| to_pyerr(py, e))?;
+    }
+    Ok(out)
 }

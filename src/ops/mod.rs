@@ -13,6 +13,7 @@ pub mod blockwise;
 pub mod calib;
 pub(crate) mod drive;
 pub mod dynamic;
+pub mod linear;
 pub mod pack;
 pub mod smooth;
 pub mod w8a8;

@@ -176,7 +176,101 @@ unsafe fn dots_rows<const R: usize>(w: &[i8], a: &[i8], k: usize) -> [i64; R] {
     total
 }
 
+/// 64 steps of the dequantizing dot product into eight 8-lane accumulators
+/// (lanes 8j..8j+8), `d(i) = q[i] - zp`.
+#[inline(always)]
+unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m256, acc: &mut [__m256; 8]) {
+    // SAFETY: the caller guarantees 64 codes at `q`, 64 floats at `x`, AVX2/FMA.
+    unsafe {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let c = _mm_loadl_epi64(q.add(8 * j).cast());
+            let d = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), zp);
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * j)), d, *a);
+        }
+    }
+}
+
+/// As `dot64_i8` for 64 int4 codes in 32 bytes at `p`.
+#[inline(always)]
+unsafe fn dot64_i4(p: *const u8, x: *const f32, zp: __m256, acc: &mut [__m256; 8]) {
+    // SAFETY: the caller guarantees 32 bytes at `p`, 64 floats at `x`, AVX2/FMA.
+    unsafe {
+        let shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+        let (low, eight) = (_mm256_set1_epi32(0xf), _mm256_set1_epi32(8));
+        for (j, a) in acc.iter_mut().enumerate() {
+            let b = _mm_cvtsi32_si128(p.add(4 * j).cast::<i32>().read_unaligned());
+            let w = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+            let n = _mm256_and_si256(_mm256_srlv_epi32(w, shifts), low);
+            // Two's complement nibble: (n ^ 8) - 8.
+            let v = _mm256_sub_epi32(_mm256_xor_si256(n, eight), eight);
+            let d = _mm256_sub_ps(_mm256_cvtepi32_ps(v), zp);
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * j)), d, *a);
+        }
+    }
+}
+
+/// The tree sum of 64 lanes held as eight 8-lane vectors.
+#[inline(always)]
+unsafe fn tree64(a: [__m256; 8]) -> f32 {
+    // SAFETY: AVX per the caller.
+    unsafe {
+        let b = [
+            _mm256_add_ps(a[0], a[4]),
+            _mm256_add_ps(a[1], a[5]),
+            _mm256_add_ps(a[2], a[6]),
+            _mm256_add_ps(a[3], a[7]),
+        ];
+        let c0 = _mm256_add_ps(b[0], b[2]);
+        let c1 = _mm256_add_ps(b[1], b[3]);
+        super::avx512::tree8(_mm256_add_ps(c0, c1))
+    }
+}
+
 impl Kernels for Avx2 {
+    #[inline(always)]
+    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32 {
+        let n = x.len().min(q.len());
+        let body = n - n % 64;
+        // SAFETY: AVX2/FMA per the Kernels contract; full steps read inside
+        // `q` and `x`; the tail runs on zero-padded copies.
+        unsafe {
+            let zpv = _mm256_set1_ps(zp);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for i in (0..body).step_by(64) {
+                dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
+            }
+            if body < n {
+                let (mut qt, mut xt) = ([0i8; 64], [0f32; 64]);
+                qt[..n - body].copy_from_slice(&q[body..n]);
+                xt[..n - body].copy_from_slice(&x[body..n]);
+                dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
+            }
+            tree64(acc)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32 {
+        let n = x.len().min(2 * p.len());
+        let body = n - n % 64;
+        // SAFETY: as `dot_dequant_i8`; a full step reads 32 bytes of `p`.
+        unsafe {
+            let zpv = _mm256_set1_ps(zp);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for i in (0..body).step_by(64) {
+                dot64_i4(p.as_ptr().add(i / 2), x.as_ptr().add(i), zpv, &mut acc);
+            }
+            if body < n {
+                let (mut pt, mut xt) = ([0u8; 32], [0f32; 64]);
+                let bytes = (n - body).div_ceil(2);
+                pt[..bytes].copy_from_slice(&p[body / 2..body / 2 + bytes]);
+                xt[..n - body].copy_from_slice(&x[body..n]);
+                dot64_i4(pt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
+            }
+            tree64(acc)
+        }
+    }
+
     #[inline(always)]
     unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
         let (rows, tokens) = (w.len() / k, a.len() / k);

@@ -747,7 +747,110 @@ unsafe fn dots_all<const VNNI: bool>(w: &[i8], a: &[i8], k: usize, out: &mut [i6
     }
 }
 
+/// The tree sum (`scalar::lanes_tree_sum`) of 8 lanes: `j + j+4`, `j + j+2`,
+/// `j + j+1`.
+#[inline(always)]
+pub(super) unsafe fn tree8(d: __m256) -> f32 {
+    // SAFETY: AVX per the caller (every tier here has it).
+    unsafe {
+        let e = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps::<1>(d));
+        let f = _mm_add_ps(e, _mm_movehl_ps(e, e));
+        _mm_cvtss_f32(_mm_add_ss(f, _mm_movehdup_ps(f)))
+    }
+}
+
+/// The tree sum of 64 lanes held as four vectors (lanes 0-15, .., 48-63).
+#[inline(always)]
+unsafe fn tree64(a: [__m512; 4]) -> f32 {
+    // SAFETY: AVX-512F per the caller.
+    unsafe {
+        let c = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+        let lo = _mm512_castps512_ps256(c);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c)));
+        tree8(_mm256_add_ps(lo, hi))
+    }
+}
+
+/// 64 steps of the dequantizing dot product: `acc[j] += x[16j..] · d(16j..)`.
+#[inline(always)]
+unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m512, acc: &mut [__m512; 4]) {
+    // SAFETY: the caller guarantees 64 codes at `q`, 64 floats at `x`, AVX-512F.
+    unsafe {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let c = _mm_loadu_si128(q.add(16 * j).cast());
+            let d = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), zp);
+            *a = _mm512_fmadd_ps(_mm512_loadu_ps(x.add(16 * j)), d, *a);
+        }
+    }
+}
+
+/// As `dot64_i8` for 64 int4 codes in 32 bytes at `p`: each byte twice,
+/// shifted right by 0 or 4, picks `sext(nibble) - zp` from a 16-entry table.
+#[inline(always)]
+unsafe fn dot64_i4(p: *const u8, x: *const f32, table: __m512, acc: &mut [__m512; 4]) {
+    // SAFETY: the caller guarantees 32 bytes at `p`, 64 floats at `x`, AVX-512F/BW.
+    unsafe {
+        let shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        for (j, a) in acc.iter_mut().enumerate() {
+            let b = _mm_loadl_epi64(p.add(8 * j).cast());
+            let w = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+            let d = _mm512_permutexvar_ps(_mm512_srlv_epi32(w, shifts), table);
+            *a = _mm512_fmadd_ps(_mm512_loadu_ps(x.add(16 * j)), d, *a);
+        }
+    }
+}
+
 impl<const VNNI: bool> Kernels for Avx512<VNNI> {
+    #[inline(always)]
+    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32 {
+        let n = x.len().min(q.len());
+        let body = n - n % 64;
+        // SAFETY: AVX-512F per the Kernels contract; full steps read inside
+        // `q` and `x`; the tail runs on zero-padded copies (a zero x adds
+        // nothing to a lane, which is never -0).
+        unsafe {
+            let zpv = _mm512_set1_ps(zp);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for i in (0..body).step_by(64) {
+                dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
+            }
+            if body < n {
+                let (mut qt, mut xt) = ([0i8; 64], [0f32; 64]);
+                qt[..n - body].copy_from_slice(&q[body..n]);
+                xt[..n - body].copy_from_slice(&x[body..n]);
+                dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
+            }
+            tree64(acc)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32 {
+        let n = x.len().min(2 * p.len());
+        let body = n - n % 64;
+        // SAFETY: as `dot_dequant_i8`; a full step reads 32 bytes of `p`.
+        unsafe {
+            let zpv = _mm512_set1_ps(zp);
+            let values = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0,
+                -1.0,
+            );
+            let table = _mm512_sub_ps(values, zpv);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for i in (0..body).step_by(64) {
+                dot64_i4(p.as_ptr().add(i / 2), x.as_ptr().add(i), table, &mut acc);
+            }
+            if body < n {
+                let (mut pt, mut xt) = ([0u8; 32], [0f32; 64]);
+                let bytes = (n - body).div_ceil(2);
+                pt[..bytes].copy_from_slice(&p[body / 2..body / 2 + bytes]);
+                xt[..n - body].copy_from_slice(&x[body..n]);
+                dot64_i4(pt.as_ptr(), xt.as_ptr(), table, &mut acc);
+            }
+            tree64(acc)
+        }
+    }
+
     #[inline(always)]
     unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
         // SAFETY: forwarded from this function's contract.

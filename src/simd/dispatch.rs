@@ -41,7 +41,7 @@ macro_rules! dispatch {
                 }
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => {
-                    #[target_feature(enable = "avx2,f16c")]
+                    #[target_feature(enable = "avx2,f16c,fma")]
                     unsafe fn entry($($arg: $ty),*) -> $ret {
                         // SAFETY: compiled with AVX2 and F16C, which the kernels use.
                         unsafe { $($generic)::+::<Avx2>($($arg),*) }
@@ -162,6 +162,14 @@ primitive!(
     /// Exact int8 dot products of every row of `w` with every token of `a`
     /// (both `k` wide): `out[r * tokens + t]`.
     i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) -> ()
+);
+primitive!(
+    /// `Σ x[i] · (q[i] - zp)` over int8 codes (f32, `scalar::DOT_LANES` order).
+    dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32
+);
+primitive!(
+    /// `Σ x[i] · (q[i] - zp)` over packed int4 codes (f32, `scalar::DOT_LANES` order).
+    dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32
 );
 primitive!(
     /// `out[i] = q[i] as f32 * scale`.

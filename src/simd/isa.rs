@@ -24,7 +24,7 @@ pub fn env_warning() -> Option<String> {
 pub enum Isa {
     /// Portable Rust; the reference every other path must equal.
     Scalar,
-    /// x86-64 AVX2 with F16C (256-bit; every AVX2 CPU has F16C).
+    /// x86-64 AVX2 with F16C and FMA (256-bit; every AVX2 CPU has both).
     Avx2,
     /// x86-64 AVX-512 F/BW/VL/DQ (512-bit, masked tails; every AVX-512 CPU with
     /// BW and VL has DQ).
@@ -53,6 +53,7 @@ impl Isa {
             Isa::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("f16c")
+                    && std::arch::is_x86_feature_detected!("fma")
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {

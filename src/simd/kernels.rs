@@ -209,6 +209,12 @@ pub(crate) trait Kernels {
     /// (`k >= 1`, `out.len() >= rows · tokens`). Exact for any `k` and any
     /// bytes (see `scalar::i8_dot`).
     unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]);
+    /// `Σ x[i] · (q[i] as f32 - zp)` over `x.len()` int8 codes, in the order
+    /// of `scalar::dot_dequant` (64 lanes of fused multiply-adds, then a tree).
+    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32;
+    /// As `dot_dequant_i8` over `x.len()` int4 codes packed two a byte from
+    /// the low nibble of `p[0]`.
+    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32;
     /// `out[i] = q[i] as f32 * scale`.
     unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]);
     /// `out[i] = f32(x[i])`, exact.

@@ -43,6 +43,35 @@ pub fn i8_dot(w: &[i8], a: &[i8]) -> i64 {
         .sum()
 }
 
+/// Lanes of the dequantizing dot product: element `i` is added into lane
+/// `i % DOT_LANES` (a fused multiply-add, in increasing `i`), then the lanes
+/// are summed as a tree (`lane[j] += lane[j + w]` for w = 32, 16, .., 1).
+/// Every ISA follows this order, so every ISA gives the same f32.
+pub const DOT_LANES: usize = 64;
+
+/// The tree sum of [`DOT_LANES`] lanes.
+pub fn lanes_tree_sum(mut acc: [f32; DOT_LANES]) -> f32 {
+    let mut w = DOT_LANES / 2;
+    while w >= 1 {
+        for j in 0..w {
+            acc[j] += acc[j + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+/// `Σ x[i] · d(i)` in the lane order of [`DOT_LANES`].
+#[inline(always)]
+pub fn dot_lanes(x: &[f32], d: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0f32; DOT_LANES];
+    for (i, &v) in x.iter().enumerate() {
+        let lane = &mut acc[i % DOT_LANES];
+        *lane = v.mul_add(d(i), *lane);
+    }
+    lanes_tree_sum(acc)
+}
+
 /// Sign-extend the low nibble of `b`.
 #[inline(always)]
 pub fn nibble(b: u8) -> i8 {
@@ -76,6 +105,17 @@ macro_rules! range_impl {
 }
 
 impl Kernels for Scalar {
+    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32 {
+        dot_lanes(x, |i| q[i] as f32 - zp)
+    }
+
+    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32 {
+        dot_lanes(x, |i| {
+            let b = p[i / 2];
+            nibble(if i % 2 == 0 { b } else { b >> 4 }) as f32 - zp
+        })
+    }
+
     unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
         let tokens = a.len() / k;
         for (r, wr) in w.chunks_exact(k).enumerate() {

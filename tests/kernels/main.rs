@@ -8,6 +8,7 @@ mod rng;
 mod affine;
 mod blockwise;
 mod dynamic;
+mod linear;
 mod w8a8;
 
 /// Thread-count changes are process-wide: tests that make them hold this lock.

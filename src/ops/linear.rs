@@ -1,0 +1,312 @@
+//! The forward pass of a quantized linear layer — SPEC §2's
+//! `QuantizedLinear.forward`, `y = x @ dequant(W).T + bias`, without ever
+//! holding the dequantized float32 weight.
+//!
+//! `W` is `[out, in]` int8 or packed int4 codes with one affine `(scale, zp)`
+//! per output row (per channel) or one for the tensor. Two paths:
+//!
+//! - A few tokens: each output is `scale · Σ x_i · (q_i − zp) + bias`, the
+//!   codes dequantized inside the dot product ([`crate::simd::dot_dequant_i8`],
+//!   `_i4`), rows split across the pool. The weight is read once per call at
+//!   its quantized size (1 or ½ byte an element).
+//! - Many tokens: panels of weight rows are dequantized exactly as
+//!   `dequantize` does (f64 math, rounded once to f32) into a scratch panel
+//!   of [`PANEL_BYTES`], and multiplied by a register-blocked f32 GEMM (the
+//!   `gemm` crate), panels across the pool.
+//!
+//! Results are within float32 rounding of `x @ dequant(W).T + bias`; the
+//! summation order is fixed (not the reference's), so they do not depend on
+//! the ISA or the thread count.
+
+use crate::error::{QuantError, Result};
+use crate::ops::pack::packed_len;
+use crate::parallel;
+use crate::simd::{self, Isa, Store};
+use rayon::prelude::*;
+
+/// From this many tokens on, the panel GEMM path runs.
+pub const GEMM_MIN_TOKENS: usize = 8;
+/// Bytes of one dequantized f32 weight panel (the GEMM path's only scratch).
+pub const PANEL_BYTES: usize = 2 * 1024 * 1024;
+
+/// The codes of a quantized weight, row-major `[out, in]`.
+#[derive(Debug, Clone, Copy)]
+pub enum WeightCodes<'a> {
+    /// One int8 code an element.
+    Int8(&'a [i8]),
+    /// int4 codes packed two a byte (element `2i` in the low nibble), over
+    /// the flattened weight.
+    Int4(&'a [u8]),
+}
+
+/// A quantized weight: codes and affine parameters (`out` of each, or one
+/// for the whole tensor), values `(q − zp) · scale`.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizedWeight<'a> {
+    /// The codes.
+    pub codes: WeightCodes<'a>,
+    /// `[out_features, in_features]`.
+    pub shape: [usize; 2],
+    /// Scales, `out_features` of them or 1.
+    pub scales: &'a [f64],
+    /// Zero points, as many as scales.
+    pub zero_points: &'a [f64],
+}
+
+/// `out[t, o] = Σ_i x[t, i] · dequant(W)[o, i] + bias[o]` for `tokens` rows
+/// of `x` (`[tokens, in]`), `out` `[tokens, out]`.
+///
+/// Errors: `ShapeMismatch` naming `weight`, `scales`, `x`, `bias` or `out`;
+/// `NonFinite` naming `x` or `bias` (first flat index).
+pub fn linear_forward(
+    w: &QuantizedWeight<'_>,
+    x: &[f32],
+    tokens: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
+    linear_forward_with(Isa::detected(), w, x, tokens, bias, out)
+}
+
+/// [`linear_forward`] on a chosen ISA (downgraded if the CPU lacks it).
+pub fn linear_forward_with(
+    isa: Isa,
+    w: &QuantizedWeight<'_>,
+    x: &[f32],
+    tokens: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
+    let _env = simd::fpenv::Pinned::new();
+    let [out_f, in_f] = w.shape;
+    let numel = out_f
+        .checked_mul(in_f)
+        .ok_or_else(|| mismatch("weight", "a shape that fits memory", "overflow".into()))?;
+    let codes_len = match w.codes {
+        WeightCodes::Int8(c) => (c.len(), numel),
+        WeightCodes::Int4(c) => (c.len(), packed_len(numel)),
+    };
+    if codes_len.0 != codes_len.1 {
+        return Err(mismatch(
+            "weight",
+            &format!("{} code bytes", codes_len.1),
+            codes_len.0.to_string(),
+        ));
+    }
+    let k = w.scales.len();
+    if !(k == out_f || k == 1) || w.zero_points.len() != k {
+        return Err(mismatch(
+            "scales",
+            &format!("{out_f} or 1 scales and as many zero points"),
+            format!("{k} scales, {} zero points", w.zero_points.len()),
+        ));
+    }
+    if tokens.checked_mul(in_f) != Some(x.len()) {
+        return Err(mismatch(
+            "x",
+            &format!("{tokens} x {in_f} elements"),
+            x.len().to_string(),
+        ));
+    }
+    if let Some(b) = bias {
+        if b.len() != out_f {
+            return Err(mismatch(
+                "bias",
+                &format!("{out_f} elements"),
+                b.len().to_string(),
+            ));
+        }
+        if let Some(i) = b.iter().position(|v| !v.is_finite()) {
+            return Err(QuantError::NonFinite {
+                arg: "bias",
+                index: i,
+            });
+        }
+    }
+    if out.len() != tokens * out_f {
+        return Err(mismatch(
+            "out",
+            &(tokens * out_f).to_string(),
+            out.len().to_string(),
+        ));
+    }
+    if simd::absmax_bits(isa, x) >= simd::F32_INF_BITS {
+        let index = simd::scalar::first_non_finite(x);
+        return Err(QuantError::NonFinite { arg: "x", index });
+    }
+    if tokens == 0 || out_f == 0 {
+        return Ok(());
+    }
+    if in_f == 0 {
+        for o in out.chunks_mut(out_f) {
+            match bias {
+                Some(b) => o.copy_from_slice(b),
+                None => o.fill(0.0),
+            }
+        }
+        return Ok(());
+    }
+    let job = Job {
+        isa,
+        w: *w,
+        x,
+        tokens,
+        bias,
+    };
+    let rows = if tokens >= GEMM_MIN_TOKENS {
+        (PANEL_BYTES / (4 * in_f)).clamp(1, 1024)
+    } else {
+        // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
+        parallel::units_per_task(out_f, in_f).max(1)
+    };
+    let work = numel.saturating_mul(tokens);
+    parallel::run(work, |par| {
+        let tasks = out_f.div_ceil(rows);
+        if par && tasks > 1 {
+            let parts: Vec<Vec<f32>> = (0..tasks)
+                .into_par_iter()
+                .map(|p| job.rows(p * rows, ((p + 1) * rows).min(out_f)))
+                .collect();
+            for (p, part) in parts.iter().enumerate() {
+                job.scatter(out, part, p * rows);
+            }
+        } else {
+            for p in 0..tasks {
+                let part = job.rows(p * rows, ((p + 1) * rows).min(out_f));
+                job.scatter(out, &part, p * rows);
+            }
+        }
+    });
+    Ok(())
+}
+
+fn mismatch(arg: &'static str, expected: &str, actual: String) -> QuantError {
+    QuantError::ShapeMismatch {
+        arg,
+        expected: expected.to_string(),
+        actual,
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    isa: Isa,
+    w: QuantizedWeight<'a>,
+    x: &'a [f32],
+    tokens: usize,
+    bias: Option<&'a [f32]>,
+}
+
+impl Job<'_> {
+    fn params(&self, r: usize) -> (f64, f64) {
+        let j = if self.w.scales.len() == 1 { 0 } else { r };
+        (self.w.scales[j], self.w.zero_points[j])
+    }
+
+    /// Outputs of weight rows `r0..r1` for every token, `[row][token]`.
+    fn rows(&self, r0: usize, r1: usize) -> Vec<f32> {
+        if self.tokens >= GEMM_MIN_TOKENS {
+            self.rows_gemm(r0, r1)
+        } else {
+            self.rows_dot(r0, r1)
+        }
+    }
+
+    fn rows_dot(&self, r0: usize, r1: usize) -> Vec<f32> {
+        let [_, in_f] = self.w.shape;
+        let mut res = vec![0f32; (r1 - r0) * self.tokens];
+        let mut odd = Vec::new();
+        for r in r0..r1 {
+            let (scale, zp) = self.params(r);
+            let (scale, zp) = (scale as f32, zp as f32);
+            let b = self.bias.map_or(0.0, |b| b[r]);
+            for (t, xt) in self.x.chunks_exact(in_f).enumerate() {
+                let acc = match self.w.codes {
+                    WeightCodes::Int8(c) => {
+                        simd::dot_dequant_i8(self.isa, &c[r * in_f..(r + 1) * in_f], zp, xt)
+                    }
+                    WeightCodes::Int4(p) if (r * in_f) % 2 == 0 => {
+                        let start = r * in_f / 2;
+                        let bytes = &p[start..start + packed_len(in_f)];
+                        simd::dot_dequant_i4(self.isa, bytes, zp, xt)
+                    }
+                    WeightCodes::Int4(p) => {
+                        // A row that starts in a high nibble (odd in_features).
+                        if odd.len() != in_f + 1 {
+                            odd = vec![0i8; in_f + 1];
+                        }
+                        let start = r * in_f / 2;
+                        simd::unpack_int4(
+                            self.isa,
+                            &p[start..start + packed_len(in_f + 1)],
+                            &mut odd,
+                        );
+                        simd::dot_dequant_i8(self.isa, &odd[1..], zp, xt)
+                    }
+                };
+                res[(r - r0) * self.tokens + t] = acc * scale + b;
+            }
+        }
+        res
+    }
+
+    fn rows_gemm(&self, r0: usize, r1: usize) -> Vec<f32> {
+        let [_, in_f] = self.w.shape;
+        let n = r1 - r0;
+        let mut panel = vec![0f32; n * in_f];
+        let mut unpacked = match self.w.codes {
+            WeightCodes::Int4(_) => vec![0i8; in_f + 2],
+            WeightCodes::Int8(_) => Vec::new(),
+        };
+        for r in r0..r1 {
+            let (scale, zp) = self.params(r);
+            let row = &mut panel[(r - r0) * in_f..(r - r0 + 1) * in_f];
+            match self.w.codes {
+                WeightCodes::Int8(c) => {
+                    let q = &c[r * in_f..(r + 1) * in_f];
+                    simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached)
+                }
+                WeightCodes::Int4(p) => {
+                    let first = r * in_f;
+                    let skip = first % 2;
+                    // Whole bytes: unpack_int4 fills pairs.
+                    let bytes = packed_len(in_f + skip);
+                    let q = &mut unpacked[..2 * bytes];
+                    let start = first / 2;
+                    simd::unpack_int4(self.isa, &p[start..start + bytes], q);
+                    simd::affine_dequantize_f32(
+                        self.isa,
+                        &q[skip..],
+                        zp,
+                        scale,
+                        row,
+                        Store::Cached,
+                    );
+                }
+            }
+        }
+        // by_token[token][row] = Σ_i x[token, i] · panel[row, i]: the tokens as
+        // the GEMM's left side (packed once a panel), the panel as its right.
+        let tokens = self.tokens;
+        let mut by_token = vec![0f32; tokens * n];
+        simd::gemm::gemm_abt(tokens, n, in_f, self.x, &panel, &mut by_token);
+        let mut res = vec![0f32; n * tokens];
+        for (t, vals) in by_token.chunks_exact(n).enumerate() {
+            for (r, &v) in vals.iter().enumerate() {
+                res[r * tokens + t] = v + self.bias.map_or(0.0, |b| b[r0 + r]);
+            }
+        }
+        res
+    }
+
+    /// Copy rows `first..` of `[row][token]` results into `out[token][row]`.
+    fn scatter(&self, out: &mut [f32], part: &[f32], first: usize) {
+        let out_f = self.w.shape[0];
+        let tokens = self.tokens;
+        for (r, vals) in part.chunks_exact(tokens).enumerate() {
+            for (t, &v) in vals.iter().enumerate() {
+                out[t * out_f + first + r] = v;
+            }
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! A safe face for the `gemm` crate's f32 matrix product (raw pointers and
+//! strides), used by the many-token path of the quantized linear layer.
+
+/// `c[i, j] = Σ_p a[i, p] · b[j, p]` for row-major `a` (`m x k`), `b`
+/// (`n x k`) and `c` (`m x n`): `A · Bᵀ`, overwriting `c`. Single-threaded
+/// (callers split the work across ferroquant's pool).
+///
+/// # Panics
+/// If a slice is shorter than its shape says (a caller bug, not bad input).
+pub fn gemm_abt(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+    assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c[..m * n].fill(0.0);
+        return;
+    }
+    let (k_, n_) = (k as isize, n as isize);
+    // SAFETY: every index the product touches is inside the slices checked
+    // above: a[i*k + p], b[j*k + p] (read as B's transpose: row stride 1,
+    // column stride k) and c[i*n + j]; `c` is not read (read_dst = false)
+    // and does not alias the inputs (it is a unique borrow).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n_,
+            false,
+            a.as_ptr(),
+            1,
+            k_,
+            b.as_ptr(),
+            k_,
+            1,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! The quantized linear layer's forward pass: the dequantizing dot products
+//! give the scalar result bit for bit on every ISA; the forward pass is
+//! within float32 rounding of `x @ dequant(W).T + bias` on both paths and
+//! does not depend on the ISA or the thread count.
+
+use crate::rng::Rng;
+use crate::with_threads;
+use ferroquant::ops::linear::{linear_forward_with, QuantizedWeight, WeightCodes, GEMM_MIN_TOKENS};
+use ferroquant::ops::pack::packed_len;
+use ferroquant::simd::{self, scalar, Isa};
+
+fn floats(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed | 1);
+    (0..n).map(|_| (r.unit() - 0.5) * 4.0).collect()
+}
+
+fn codes(n: usize, seed: u64) -> Vec<i8> {
+    let mut r = Rng(seed | 1);
+    (0..n).map(|_| r.next() as u8 as i8).collect()
+}
+
+#[test]
+fn dequantizing_dots_match_scalar_on_every_isa() {
+    for isa in Isa::supported() {
+        for n in (0..200).chain([1000, 4096 + 63]) {
+            let x = floats(n, n as u64);
+            let q = codes(n, 7 + n as u64);
+            let p: Vec<u8> = codes(packed_len(n), 9 + n as u64)
+                .iter()
+                .map(|&v| v as u8)
+                .collect();
+            for zp in [0.0f32, 3.0, -128.0, 1.0e6] {
+                let a = simd::dot_dequant_i8(isa, &q, zp, &x);
+                let b = simd::dot_dequant_i8(Isa::Scalar, &q, zp, &x);
+                assert_eq!(a.to_bits(), b.to_bits(), "i8 {isa:?} n {n} zp {zp}");
+                let a = simd::dot_dequant_i4(isa, &p, zp, &x);
+                let b = simd::dot_dequant_i4(Isa::Scalar, &p, zp, &x);
+                assert_eq!(a.to_bits(), b.to_bits(), "i4 {isa:?} n {n} zp {zp}");
+            }
+        }
+    }
+    // The scalar order is the documented one: 64 lanes, then a tree.
+    let x: Vec<f32> = (0..130).map(|i| 1.0 + i as f32 * 1e-3).collect();
+    let q = vec![1i8; 130];
+    let mut lanes = [0f32; scalar::DOT_LANES];
+    for (i, v) in x.iter().enumerate() {
+        lanes[i % 64] = v.mul_add(1.0, lanes[i % 64]);
+    }
+    let want = scalar::lanes_tree_sum(lanes);
+    assert_eq!(simd::dot_dequant_i8(Isa::Scalar, &q, 0.0, &x), want);
+}
+
+/// `x @ dequant(W).T + bias` in f64, and a bound on its f32 rounding error.
+fn reference(
+    q: &[i8],
+    scales: &[f64],
+    zps: &[f64],
+    shape: [usize; 2],
+    x: &[f32],
+    bias: &[f32],
+) -> (Vec<f64>, Vec<f64>) {
+    let [o, i] = shape;
+    let tokens = x.len() / i;
+    let (mut y, mut bound) = (vec![0f64; tokens * o], vec![0f64; tokens * o]);
+    for t in 0..tokens {
+        for r in 0..o {
+            let j = if scales.len() == 1 { 0 } else { r };
+            let (mut s, mut a) = (bias[r] as f64, bias[r].abs() as f64);
+            for c in 0..i {
+                let w = ((q[r * i + c] as f64 - zps[j]) * scales[j]) as f32 as f64;
+                s += x[t * i + c] as f64 * w;
+                a += (x[t * i + c] as f64 * w).abs();
+            }
+            y[t * o + r] = s;
+            // A sum of i products in f32, any order, plus the dequantized
+            // weight's own rounding: (i + 3) unit roundoffs of Σ|x·w|.
+            bound[t * o + r] = a * (i as f64 + 3.0) * f32::EPSILON as f64;
+        }
+    }
+    (y, bound)
+}
+
+#[test]
+fn forward_is_within_f32_rounding_on_both_paths() {
+    for (o, i) in [(7usize, 33usize), (16, 64), (5, 129), (40, 300)] {
+        for int4 in [false, true] {
+            for per_tensor in [false, true] {
+                let k = if per_tensor { 1 } else { o };
+                let q: Vec<i8> = codes(o * i, (o * i) as u64)
+                    .iter()
+                    .map(|&v| if int4 { (v >> 4).clamp(-8, 7) } else { v })
+                    .collect();
+                let scales: Vec<f64> = (0..k).map(|r| 1e-2 * (1 + r % 5) as f64).collect();
+                let zps: Vec<f64> = (0..k).map(|r| (r % 9) as f64 - 4.0).collect();
+                let packed: Vec<u8> = (0..packed_len(q.len()))
+                    .map(|b| {
+                        let lo = q[2 * b] as u8 & 0xf;
+                        let hi = q.get(2 * b + 1).map_or(0, |&v| v as u8 & 0xf);
+                        lo | hi << 4
+                    })
+                    .collect();
+                let bias = floats(o, 3);
+                for tokens in [0usize, 1, 3, GEMM_MIN_TOKENS, GEMM_MIN_TOKENS + 5] {
+                    let x = floats(tokens * i, (tokens + i) as u64);
+                    let (want, bound) = reference(&q, &scales, &zps, [o, i], &x, &bias);
+                    let w = QuantizedWeight {
+                        codes: if int4 {
+                            WeightCodes::Int4(&packed)
+                        } else {
+                            WeightCodes::Int8(&q)
+                        },
+                        shape: [o, i],
+                        scales: &scales,
+                        zero_points: &zps,
+                    };
+                    let mut first: Option<Vec<f32>> = None;
+                    for isa in Isa::supported() {
+                        let mut out = vec![f32::NAN; tokens * o];
+                        linear_forward_with(isa, &w, &x, tokens, Some(&bias), &mut out).unwrap();
+                        for (j, (&g, (&e, &b))) in
+                            out.iter().zip(want.iter().zip(&bound)).enumerate()
+                        {
+                            assert!(
+                                (g as f64 - e).abs() <= b + 1e-30,
+                                "{o}x{i} int4 {int4} per_tensor {per_tensor} tokens {tokens} {isa:?} [{j}]: {g} vs {e} (bound {b})"
+                            );
+                        }
+                        match &first {
+                            None => first = Some(out),
+                            Some(f) => assert_eq!(f, &out, "ISAs differ: {isa:?}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn forward_does_not_depend_on_the_thread_count() {
+    let (o, i) = (300usize, 1024usize);
+    let q = codes(o * i, 5);
+    let scales: Vec<f64> = (0..o).map(|r| 1e-3 * (1 + r % 7) as f64).collect();
+    let zps = vec![0.0f64; o];
+    let w = QuantizedWeight {
+        codes: WeightCodes::Int8(&q),
+        shape: [o, i],
+        scales: &scales,
+        zero_points: &zps,
+    };
+    for tokens in [1usize, 2 * GEMM_MIN_TOKENS] {
+        let x = floats(tokens * i, 8);
+        let runs = with_threads(&[1, 2, 3], |_| {
+            let mut out = vec![0f32; tokens * o];
+            linear_forward_with(Isa::detected(), &w, &x, tokens, None, &mut out).unwrap();
+            out
+        });
+        assert_eq!(runs[0], runs[1]);
+        assert_eq!(runs[0], runs[2]);
+    }
+}

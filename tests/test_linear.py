@@ -1,0 +1,141 @@
+"""The fused ``QuantizedLinear.forward``: within float32 rounding of
+``x @ dequantize(W).T + bias`` on both paths (a few tokens: dequantizing dot products;
+from 8 tokens: exact panels through a GEMM), for every weight scheme and layout, never
+holding the float32 weight, with typed errors."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ferroquant as fq
+
+CONFIGS = [
+    fq.QuantConfig.int8(),
+    fq.QuantConfig.int8().asymmetric(),
+    fq.QuantConfig.int8_per_channel(),
+    fq.QuantConfig.int8_per_channel().asymmetric(),
+    fq.QuantConfig.int4(),
+    fq.QuantConfig.int4().asymmetric(),
+    fq.QuantConfig.int4_per_channel(),
+    fq.QuantConfig.int4_per_channel().asymmetric(),
+]
+
+
+def check(layer: fq.QuantizedLinear, x: np.ndarray) -> np.ndarray:
+    """forward(x) against the product in float64 of the float32 dequantized weight,
+    with a bound of (in + 3) unit roundoffs of Σ|x·w| + |b| per output."""
+    got = layer.forward(x)
+    w = fq.dequantize(layer.weight_quantized).astype(np.float32).astype(np.float64)
+    x64 = np.asarray(x, np.float32).astype(np.float64)
+    b = np.zeros(layer.out_features) if layer.bias is None else layer.bias.astype(np.float64)
+    want = x64 @ w.T + b
+    bound = (np.abs(x64) @ np.abs(w).T + np.abs(b)) * (layer.in_features + 3) * 2.0**-23
+    assert got.dtype == np.float32
+    assert got.shape == (*x.shape[:-1], layer.out_features)
+    assert np.all(np.abs(got - want) <= bound + 1e-30)
+    return got
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    out_f=st.integers(1, 40),
+    in_f=st.integers(1, 150),
+    tokens=st.sampled_from([1, 2, 3, 7, 8, 9, 20]),
+    config=st.sampled_from(CONFIGS),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_forward_is_within_float32_rounding(out_f, in_f, tokens, config, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((out_f, in_f)) * rng.choice([1e-3, 1.0, 30.0])).astype(np.float32)
+    if rng.random() < 0.3:
+        w += np.float32(rng.choice([5.0, -5.0]))  # one-signed rows: large zero points
+    b = rng.standard_normal(out_f).astype(np.float32) if with_bias else None
+    layer = fq.QuantizedLinear.from_linear(w, b, config)
+    check(layer, rng.standard_normal((tokens, in_f)).astype(np.float32))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_batch_shapes_and_both_paths(config):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((33, 65)).astype(np.float32)  # odd in: int4 rows split bytes
+    layer = fq.QuantizedLinear.from_linear(w, rng.standard_normal(33).astype(np.float32), config)
+    for shape in [(65,), (1, 65), (4, 65), (2, 3, 65), (8, 65), (64, 65), (2, 40, 65)]:
+        check(layer, rng.standard_normal(shape).astype(np.float32))
+    assert layer.forward(np.zeros((0, 65), np.float32)).shape == (0, 33)
+    assert layer.forward(np.zeros((2, 0, 65), np.float32)).shape == (2, 0, 33)
+
+
+def test_inputs_of_every_dtype_and_layout():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((16, 48)).astype(np.float32)
+    layer = fq.QuantizedLinear.from_linear(w, None, fq.QuantConfig.int8_per_channel())
+    x = rng.standard_normal((10, 48)).astype(np.float32)
+    want = layer.forward(x)
+    assert layer.forward(np.asfortranarray(x)).tobytes() == want.tobytes()
+    assert layer.forward(x.astype(">f4")).tobytes() == want.tobytes()
+    wide = np.zeros((10, 96), np.float32)
+    wide[:, ::2] = x
+    assert layer.forward(wide[:, ::2]).tobytes() == want.tobytes()
+    assert layer.forward(x.astype(np.float64)).tobytes() == want.tobytes()
+    check(layer, x.astype(np.float16))
+
+
+def test_errors_name_the_argument():
+    rng = np.random.default_rng(3)
+    layer = fq.QuantizedLinear.from_linear(rng.standard_normal((4, 6)).astype(np.float32))
+    x = np.ones((3, 6), np.float32)
+    x[1, 2] = np.nan
+    with pytest.raises(fq.NonFiniteError, match="x") as e:
+        layer.forward(x)
+    assert e.value.index == 8
+    big = np.ones(6)
+    big[4] = 1e300  # beyond float32
+    with pytest.raises(fq.NonFiniteError, match="x") as e:
+        layer.forward(big)
+    assert e.value.index == 4
+    with pytest.raises(fq.ShapeMismatchError, match="x"):
+        layer.forward(np.ones((3, 5), np.float32))
+    with pytest.raises(TypeError, match="x"):
+        layer.forward(np.ones(6, np.int32))
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+@pytest.mark.parametrize(
+    "config", [fq.QuantConfig.int8_per_channel(), fq.QuantConfig.int4_per_channel()], ids=str
+)
+def test_no_temporary_as_large_as_the_float_weight(tokens, config):
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((1024, 2048)).astype(np.float32)  # 8 MiB as float32
+    layer = fq.QuantizedLinear.from_linear(w, None, config)
+    x = rng.standard_normal((tokens, 2048)).astype(np.float32)
+    layer.forward(x)  # warm up
+    tracemalloc.start()
+    try:
+        layer.forward(x)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < w.nbytes // 8, peak
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((500, 700)).astype(np.float32)
+    layer = fq.QuantizedLinear.from_linear(w, None, fq.QuantConfig.int4_per_channel().asymmetric())
+    old = fq.get_num_threads()
+    try:
+        for tokens in (1, 12):
+            x = rng.standard_normal((tokens, 700)).astype(np.float32)
+            runs = []
+            for n in (1, 2, 3):
+                fq.set_num_threads(n)
+                runs.append(layer.forward(x).tobytes())
+            assert runs[0] == runs[1] == runs[2]
+    finally:
+        fq.set_num_threads(old)
