@@ -37,7 +37,7 @@ import numpy as np
 
 import ferroquant as fq
 
-FAMILIES = ("blockwise", "affine", "activation")
+FAMILIES = ("blockwise", "affine", "activation", "matmul")
 Row = Dict[str, object]
 
 

@@ -79,7 +79,8 @@ def get_output_cache() -> int:
 
 
 def simd_isa() -> str:
-    """The instruction set the kernels run on: ``"avx512"``, ``"avx2"`` or ``"scalar"``.
+    """The instruction set the kernels run on: ``"avx512vnni"``, ``"avx512"``, ``"avx2"``
+    or ``"scalar"``.
 
     Chosen once at import from what the CPU supports; ``FERROQUANT_SIMD=scalar``
     (or ``avx2``) set before import caps it.
