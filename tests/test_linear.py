@@ -139,3 +139,38 @@ def test_results_do_not_depend_on_the_thread_count():
             assert runs[0] == runs[1] == runs[2]
     finally:
         fq.set_num_threads(old)
+
+
+def test_intermediate_sums_do_not_overflow_where_the_product_does_not():
+    # Σ x·(q - zp) alone would pass float32's range (127x the result); each value is
+    # dequantized before it is multiplied, on the dot path as on the panel path.
+    w = np.array([[1e-3, -2e-3]], np.float32)
+    layer = fq.QuantizedLinear.from_linear(w, None, fq.QuantConfig.int8())
+    x = np.array([[1e37, 1e37]], np.float32)
+    want = x.astype(np.float64) @ fq.dequantize(layer.weight_quantized).astype(np.float64).T
+    for xs in (x, np.repeat(x, 8, 0)):
+        got = layer.forward(xs)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1e300, 1.234567e-40, 1e-60])
+def test_scales_outside_float32_take_the_exact_path(scale):
+    # dequantize() computes (q - zp) * scale in float64 and rounds once: a scale
+    # beyond float32 (or subnormal in it) must not be rounded on its own first.
+    rng = np.random.default_rng(6)
+    cfg = fq.QuantConfig.int8()
+    codes = rng.integers(-127, 128, 64).astype(np.int8)
+    codes[:8] = 0
+    qt = fq.QuantizedTensor(codes, np.array([scale]), np.array([0.0]), (1, 64), "float32", cfg)
+    layer = fq.QuantizedLinear(qt)
+    deq = fq.dequantize(qt).astype(np.float64)
+    for tokens in (1, 8):
+        x = rng.uniform(0.5, 1, (tokens, 64)).astype(np.float32)
+        x[:, 8:] = 0.0 if scale > 1 else x[:, 8:] * np.float32(1e30)
+        got = layer.forward(x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = x.astype(np.float64) @ deq.T
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        ok = np.isfinite(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-6)

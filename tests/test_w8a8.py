@@ -111,6 +111,21 @@ def test_layouts_and_dtypes_give_the_values_read():
         assert fq.w8a8_matmul(w, s, xd).tobytes() == exact.tobytes(), dt
 
 
+def test_scales_of_any_byte_order_alignment_and_stride():
+    rng = np.random.default_rng(8)
+    w = _weights(rng, 3, 4)
+    x = _activations(rng, (4,))
+    s = np.array([1.0, 2.0, 3.0], np.float32)
+    want = fq.w8a8_matvec(w, s, x)
+    raw = bytearray(13)
+    raw[1:] = s.tobytes()
+    misaligned = np.frombuffer(raw, np.float32, offset=1)
+    assert not misaligned.flags.aligned
+    for variant in (misaligned, s.astype(">f4"), np.repeat(s, 2)[::2]):
+        assert fq.w8a8_matvec(w, variant, x).tobytes() == want.tobytes()
+        assert fq.w8a8_matmul(w, variant, x[None]).tobytes() == want.tobytes()
+
+
 def test_errors_name_the_argument_and_change_nothing():
     w = np.ones((2, 3), np.int8)
     s = np.ones(2, np.float32)

@@ -146,14 +146,33 @@ pub fn linear_forward_with(
         }
         return Ok(());
     }
+    // The dot path dequantizes in f32: `(q − zp) · scale` with the scale
+    // rounded to f32. Where that is not within an ulp of `dequantize` (a scale
+    // outside f32's normal range, a zero point beyond 2^22), every row takes
+    // the panel path, which dequantizes exactly as `dequantize` does.
+    let f32_exact = w.scales.iter().zip(w.zero_points).all(|(&s, &z)| {
+        let s32 = s as f32;
+        (s32.is_normal() || s == 0.0) && z.abs() < (1u32 << 22) as f64
+    });
+    let panels = tokens >= GEMM_MIN_TOKENS || !f32_exact;
+    // The int4 dot product reads each token in `split_pairs` order.
+    let split: Vec<f32> = match w.codes {
+        WeightCodes::Int4(_) if tokens < GEMM_MIN_TOKENS && in_f % 2 == 0 => x
+            .chunks_exact(in_f)
+            .flat_map(simd::scalar::split_pairs)
+            .collect(),
+        _ => Vec::new(),
+    };
     let job = Job {
         isa,
         w: *w,
         x,
+        split: &split,
         tokens,
         bias,
+        panels,
     };
-    let rows = if tokens >= GEMM_MIN_TOKENS {
+    let rows = if panels {
         (PANEL_BYTES / (4 * in_f)).clamp(1, 1024)
     } else {
         // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
@@ -193,8 +212,12 @@ struct Job<'a> {
     isa: Isa,
     w: QuantizedWeight<'a>,
     x: &'a [f32],
+    /// `x` in `split_pairs` order, token by token (int4, few tokens only).
+    split: &'a [f32],
     tokens: usize,
     bias: Option<&'a [f32]>,
+    /// Dequantized panels and a GEMM (else dequantizing dot products).
+    panels: bool,
 }
 
 impl Job<'_> {
@@ -205,7 +228,7 @@ impl Job<'_> {
 
     /// Outputs of weight rows `r0..r1` for every token, `[row][token]`.
     fn rows(&self, r0: usize, r1: usize) -> Vec<f32> {
-        if self.tokens >= GEMM_MIN_TOKENS {
+        if self.panels {
             self.rows_gemm(r0, r1)
         } else {
             self.rows_dot(r0, r1)
@@ -214,37 +237,58 @@ impl Job<'_> {
 
     fn rows_dot(&self, r0: usize, r1: usize) -> Vec<f32> {
         let [_, in_f] = self.w.shape;
-        let mut res = vec![0f32; (r1 - r0) * self.tokens];
-        let mut odd = Vec::new();
+        let n = r1 - r0;
+        let (mut scales, mut zps) = (vec![0f32; n], vec![0f32; n]);
         for r in r0..r1 {
-            let (scale, zp) = self.params(r);
-            let (scale, zp) = (scale as f32, zp as f32);
-            let b = self.bias.map_or(0.0, |b| b[r]);
-            for (t, xt) in self.x.chunks_exact(in_f).enumerate() {
-                let acc = match self.w.codes {
-                    WeightCodes::Int8(c) => {
-                        simd::dot_dequant_i8(self.isa, &c[r * in_f..(r + 1) * in_f], zp, xt)
+            let (s, z) = self.params(r);
+            (scales[r - r0], zps[r - r0]) = (s as f32, z as f32);
+        }
+        let mut acc = vec![0f32; n];
+        let mut res = vec![0f32; n * self.tokens];
+        let mut odd = Vec::new();
+        for (t, xt) in self.x.chunks_exact(in_f).enumerate() {
+            match self.w.codes {
+                WeightCodes::Int8(c) => {
+                    let q = &c[r0 * in_f..r1 * in_f];
+                    simd::dot_dequant_i8_rows(self.isa, q, in_f, &zps, &scales, xt, &mut acc);
+                }
+                WeightCodes::Int4(p) if in_f % 2 == 0 => {
+                    let (stride, bytes) = (in_f / 2, &p[r0 * in_f / 2..r1 * in_f / 2]);
+                    let split = in_f.div_ceil(32) * 32;
+                    let xs = &self.split[t * split..(t + 1) * split];
+                    simd::dot_dequant_i4_rows(
+                        self.isa, bytes, stride, in_f, &zps, &scales, xs, &mut acc,
+                    );
+                }
+                WeightCodes::Int4(p) => {
+                    // Odd in_features: rows start in either nibble. Unpack
+                    // each row whole, then the int8 dot product.
+                    if odd.len() != in_f + 2 {
+                        odd = vec![0i8; in_f + 2];
                     }
-                    WeightCodes::Int4(p) if (r * in_f) % 2 == 0 => {
-                        let start = r * in_f / 2;
-                        let bytes = &p[start..start + packed_len(in_f)];
-                        simd::dot_dequant_i4(self.isa, bytes, zp, xt)
-                    }
-                    WeightCodes::Int4(p) => {
-                        // A row that starts in a high nibble (odd in_features).
-                        if odd.len() != in_f + 1 {
-                            odd = vec![0i8; in_f + 1];
-                        }
-                        let start = r * in_f / 2;
-                        simd::unpack_int4(
+                    for (r, a) in (r0..r1).zip(acc.iter_mut()) {
+                        let (first, skip) = (r * in_f, (r * in_f) % 2);
+                        let bytes = packed_len(in_f + skip);
+                        let start = first / 2;
+                        let q = &mut odd[..2 * bytes];
+                        simd::unpack_int4(self.isa, &p[start..start + bytes], q);
+                        let (zp, sc) = ([zps[r - r0]], [scales[r - r0]]);
+                        let one = std::slice::from_mut(a);
+                        simd::dot_dequant_i8_rows(
                             self.isa,
-                            &p[start..start + packed_len(in_f + 1)],
-                            &mut odd,
+                            &q[skip..skip + in_f],
+                            in_f,
+                            &zp,
+                            &sc,
+                            xt,
+                            one,
                         );
-                        simd::dot_dequant_i8(self.isa, &odd[1..], zp, xt)
                     }
-                };
-                res[(r - r0) * self.tokens + t] = acc * scale + b;
+                }
+            }
+            for (r, &a) in acc.iter().enumerate() {
+                let b = self.bias.map_or(0.0, |b| b[r0 + r]);
+                res[r * self.tokens + t] = a + b;
             }
         }
         res

@@ -179,32 +179,43 @@ unsafe fn dots_rows<const R: usize>(w: &[i8], a: &[i8], k: usize) -> [i64; R] {
 /// 64 steps of the dequantizing dot product into eight 8-lane accumulators
 /// (lanes 8j..8j+8), `d(i) = q[i] - zp`.
 #[inline(always)]
-unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m256, acc: &mut [__m256; 8]) {
+unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m256, s: __m256, acc: &mut [__m256; 8]) {
     // SAFETY: the caller guarantees 64 codes at `q`, 64 floats at `x`, AVX2/FMA.
     unsafe {
         for (j, a) in acc.iter_mut().enumerate() {
             let c = _mm_loadl_epi64(q.add(8 * j).cast());
-            let d = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), zp);
+            let v = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), zp);
+            let d = _mm256_mul_ps(v, s);
             *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * j)), d, *a);
         }
     }
 }
 
-/// As `dot64_i8` for 64 int4 codes in 32 bytes at `p`.
+/// As `dot64_i8` for 64 int4 codes in 32 bytes at `p`, `xs` in
+/// `split_pairs` order: 8 bytes widened to 8 lanes give 8 even elements
+/// (low nibbles) and 8 odd ones (high nibbles).
 #[inline(always)]
-unsafe fn dot64_i4(p: *const u8, x: *const f32, zp: __m256, acc: &mut [__m256; 8]) {
-    // SAFETY: the caller guarantees 32 bytes at `p`, 64 floats at `x`, AVX2/FMA.
+unsafe fn dot64_i4(p: *const u8, xs: *const f32, zp: __m256, s: __m256, acc: &mut [__m256; 8]) {
+    // SAFETY: the caller guarantees 32 bytes at `p`, 64 floats at `xs`, AVX2/FMA.
     unsafe {
-        let shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
         let (low, eight) = (_mm256_set1_epi32(0xf), _mm256_set1_epi32(8));
-        for (j, a) in acc.iter_mut().enumerate() {
-            let b = _mm_cvtsi32_si128(p.add(4 * j).cast::<i32>().read_unaligned());
-            let w = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
-            let n = _mm256_and_si256(_mm256_srlv_epi32(w, shifts), low);
+        for q in 0..4 {
+            // Bytes 8q.. hold elements 16q..16q+16 of this 64: block h = q / 2,
+            // lanes (q % 2) * 8 of its evens (acc 4h + q % 2) and odds (+ 2).
+            let (h, half) = (q / 2, q % 2);
+            let b = _mm_loadl_epi64(p.add(8 * q).cast());
+            let w = _mm256_cvtepu8_epi32(b);
+            let lo = _mm256_and_si256(w, low);
+            let hi = _mm256_srli_epi32::<4>(w);
             // Two's complement nibble: (n ^ 8) - 8.
-            let v = _mm256_sub_epi32(_mm256_xor_si256(n, eight), eight);
-            let d = _mm256_sub_ps(_mm256_cvtepi32_ps(v), zp);
-            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * j)), d, *a);
+            let even = _mm256_sub_epi32(_mm256_xor_si256(lo, eight), eight);
+            let odd = _mm256_sub_epi32(_mm256_xor_si256(hi, eight), eight);
+            let de = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(even), zp), s);
+            let dd = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(odd), zp), s);
+            let x = xs.add(32 * h + 8 * half);
+            let (ie, io) = (4 * h + half, 4 * h + 2 + half);
+            acc[ie] = _mm256_fmadd_ps(_mm256_loadu_ps(x), de, acc[ie]);
+            acc[io] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(16)), dd, acc[io]);
         }
     }
 }
@@ -226,48 +237,89 @@ unsafe fn tree64(a: [__m256; 8]) -> f32 {
     }
 }
 
+/// One row of `dot_dequant_i8_rows`.
+#[inline(always)]
+unsafe fn dot_i8(q: &[i8], zp: f32, scale: f32, x: &[f32]) -> f32 {
+    let n = x.len().min(q.len());
+    let body = n - n % 64;
+    // SAFETY: AVX2/FMA per the Kernels contract; full steps read inside
+    // `q` and `x`; the tail runs on zero-padded copies.
+    unsafe {
+        let (zpv, sv) = (_mm256_set1_ps(zp), _mm256_set1_ps(scale));
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for i in (0..body).step_by(64) {
+            dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, sv, &mut acc);
+        }
+        if body < n {
+            let (mut qt, mut xt) = ([0i8; 64], [0f32; 64]);
+            qt[..n - body].copy_from_slice(&q[body..n]);
+            xt[..n - body].copy_from_slice(&x[body..n]);
+            dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
+        }
+        tree64(acc)
+    }
+}
+
+/// One row of `dot_dequant_i4_rows` (its bytes exactly).
+#[inline(always)]
+unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
+    let n = xs.len().min(2 * p.len());
+    let body = n - n % 64;
+    // SAFETY: AVX2/FMA per the Kernels contract; a full step reads 32
+    // bytes of `p` and 64 of `xs`, inside both; the tail runs on
+    // zero-padded copies.
+    unsafe {
+        let (zpv, sv) = (_mm256_set1_ps(zp), _mm256_set1_ps(scale));
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for i in (0..body).step_by(64) {
+            dot64_i4(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
+        }
+        let rest = xs.len().min(body + 64) - body;
+        if rest > 0 && body < 2 * p.len() {
+            let (mut pt, mut xt) = ([0u8; 32], [0f32; 64]);
+            let bytes = (p.len() - body / 2).min(32);
+            pt[..bytes].copy_from_slice(&p[body / 2..body / 2 + bytes]);
+            for (k, v) in xt[..rest].iter_mut().enumerate() {
+                if scalar::pair_element(body + k) / 2 < p.len() {
+                    *v = xs[body + k];
+                }
+            }
+            dot64_i4(pt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
+        }
+        tree64(acc)
+    }
+}
+
 impl Kernels for Avx2 {
     #[inline(always)]
-    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32 {
-        let n = x.len().min(q.len());
-        let body = n - n % 64;
-        // SAFETY: AVX2/FMA per the Kernels contract; full steps read inside
-        // `q` and `x`; the tail runs on zero-padded copies.
-        unsafe {
-            let zpv = _mm256_set1_ps(zp);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for i in (0..body).step_by(64) {
-                dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
-            }
-            if body < n {
-                let (mut qt, mut xt) = ([0i8; 64], [0f32; 64]);
-                qt[..n - body].copy_from_slice(&q[body..n]);
-                xt[..n - body].copy_from_slice(&x[body..n]);
-                dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
-            }
-            tree64(acc)
+    unsafe fn dot_dequant_i8_rows(
+        q: &[i8],
+        stride: usize,
+        zps: &[f32],
+        scales: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        for (r, (o, (&zp, &s))) in out.iter_mut().zip(zps.iter().zip(scales)).enumerate() {
+            // SAFETY: forwarded from this function's contract.
+            *o = unsafe { dot_i8(&q[r * stride..r * stride + x.len()], zp, s, x) };
         }
     }
 
     #[inline(always)]
-    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32 {
-        let n = x.len().min(2 * p.len());
-        let body = n - n % 64;
-        // SAFETY: as `dot_dequant_i8`; a full step reads 32 bytes of `p`.
-        unsafe {
-            let zpv = _mm256_set1_ps(zp);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for i in (0..body).step_by(64) {
-                dot64_i4(p.as_ptr().add(i / 2), x.as_ptr().add(i), zpv, &mut acc);
-            }
-            if body < n {
-                let (mut pt, mut xt) = ([0u8; 32], [0f32; 64]);
-                let bytes = (n - body).div_ceil(2);
-                pt[..bytes].copy_from_slice(&p[body / 2..body / 2 + bytes]);
-                xt[..n - body].copy_from_slice(&x[body..n]);
-                dot64_i4(pt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
-            }
-            tree64(acc)
+    unsafe fn dot_dequant_i4_rows(
+        p: &[u8],
+        stride: usize,
+        n: usize,
+        zps: &[f32],
+        scales: &[f32],
+        xs: &[f32],
+        out: &mut [f32],
+    ) {
+        for (r, (o, (&zp, &s))) in out.iter_mut().zip(zps.iter().zip(scales)).enumerate() {
+            let row = &p[r * stride..r * stride + n.div_ceil(2)];
+            // SAFETY: forwarded from this function's contract.
+            *o = unsafe { dot_i4(row, zp, s, xs) };
         }
     }
 

@@ -771,83 +771,242 @@ unsafe fn tree64(a: [__m512; 4]) -> f32 {
     }
 }
 
-/// 64 steps of the dequantizing dot product: `acc[j] += x[16j..] · d(16j..)`.
+/// One 64-element step of the dequantizing dot product for `R` rows of
+/// int8 codes at `q` (row stride `stride`) against 64 floats at `x`:
+/// `acc[r][j] += x[16j..] · ((q[r][16j..] - zp[r]) · s[r])`, the x loads shared.
 #[inline(always)]
-unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m512, acc: &mut [__m512; 4]) {
-    // SAFETY: the caller guarantees 64 codes at `q`, 64 floats at `x`, AVX-512F.
+#[allow(clippy::needless_range_loop)] // several arrays, one index
+unsafe fn step_i8<const R: usize>(
+    q: *const i8,
+    stride: usize,
+    x: *const f32,
+    zp: &[__m512; R],
+    s: &[__m512; R],
+    acc: &mut [[__m512; 4]; R],
+    ahead: Option<*const i8>,
+) {
+    // SAFETY: the caller guarantees 64 codes at `q + r·stride` for r < R,
+    // 64 floats at `x`, and AVX-512F; prefetches never fault.
     unsafe {
-        for (j, a) in acc.iter_mut().enumerate() {
-            let c = _mm_loadu_si128(q.add(16 * j).cast());
-            let d = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), zp);
-            *a = _mm512_fmadd_ps(_mm512_loadu_ps(x.add(16 * j)), d, *a);
+        if let Some(a) = ahead {
+            for r in 0..R {
+                _mm_prefetch::<_MM_HINT_T0>(a.add(r * stride));
+            }
+        }
+        for j in 0..4 {
+            let xv = _mm512_loadu_ps(x.add(16 * j));
+            for r in 0..R {
+                let c = _mm_loadu_si128(q.add(r * stride + 16 * j).cast());
+                let v = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), zp[r]);
+                let d = _mm512_mul_ps(v, s[r]);
+                acc[r][j] = _mm512_fmadd_ps(xv, d, acc[r][j]);
+            }
         }
     }
 }
 
-/// As `dot64_i8` for 64 int4 codes in 32 bytes at `p`: each byte twice,
-/// shifted right by 0 or 4, picks `sext(nibble) - zp` from a 16-entry table.
+/// As `step_i8` for int4 codes, 32 bytes a row at `p` (stride `stride`
+/// bytes), `xs` in `split_pairs` order: 16 bytes widened to 16 lanes give
+/// the even elements through their low nibbles and the odd ones through
+/// their high nibbles, each picking `(sext(nibble) - zp) · s` from a row's
+/// table.
 #[inline(always)]
-unsafe fn dot64_i4(p: *const u8, x: *const f32, table: __m512, acc: &mut [__m512; 4]) {
-    // SAFETY: the caller guarantees 32 bytes at `p`, 64 floats at `x`, AVX-512F/BW.
+#[allow(clippy::needless_range_loop)] // several arrays, one index
+unsafe fn step_i4<const R: usize>(
+    p: *const u8,
+    stride: usize,
+    xs: *const f32,
+    table: &[__m512; R],
+    acc: &mut [[__m512; 4]; R],
+    ahead: Option<*const u8>,
+) {
+    // SAFETY: the caller guarantees 32 bytes at `p + r·stride` for r < R,
+    // 64 floats at `xs`, and AVX-512F; prefetches never fault.
     unsafe {
-        let shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-        for (j, a) in acc.iter_mut().enumerate() {
-            let b = _mm_loadl_epi64(p.add(8 * j).cast());
-            let w = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
-            let d = _mm512_permutexvar_ps(_mm512_srlv_epi32(w, shifts), table);
-            *a = _mm512_fmadd_ps(_mm512_loadu_ps(x.add(16 * j)), d, *a);
+        if let Some(a) = ahead {
+            for r in 0..R {
+                _mm_prefetch::<_MM_HINT_T0>(a.add(r * stride).cast());
+            }
         }
+        for h in 0..2 {
+            let xe = _mm512_loadu_ps(xs.add(32 * h));
+            let xo = _mm512_loadu_ps(xs.add(32 * h + 16));
+            for r in 0..R {
+                let b = _mm_loadu_si128(p.add(r * stride + 16 * h).cast());
+                let lanes = _mm512_cvtepu8_epi32(b);
+                let even = _mm512_permutexvar_ps(lanes, table[r]);
+                let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(lanes), table[r]);
+                acc[r][2 * h] = _mm512_fmadd_ps(xe, even, acc[r][2 * h]);
+                acc[r][2 * h + 1] = _mm512_fmadd_ps(xo, odd, acc[r][2 * h + 1]);
+            }
+        }
+    }
+}
+
+/// `dot_dequant_i8_rows` for `R` rows from `q`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // several arrays, one index
+unsafe fn rows_i8<const R: usize>(
+    q: &[i8],
+    stride: usize,
+    zps: &[f32],
+    scales: &[f32],
+    x: &[f32],
+) -> [f32; R] {
+    let n = x.len();
+    let body = n - n % 64;
+    // SAFETY: AVX-512F per the caller; rows r < R hold `n` codes from
+    // r·stride (the Kernels contract), full steps stay inside them and `x`;
+    // the tail runs on zero-padded copies (a zero x adds nothing to a lane,
+    // which is never -0).
+    unsafe {
+        let (mut zp, mut sv) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        for r in 0..R {
+            zp[r] = _mm512_set1_ps(zps[r]);
+            sv[r] = _mm512_set1_ps(scales[r]);
+        }
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        // The next R rows, fetched while these are summed (the weight
+        // streams from memory once; the prefetcher alone left it idle).
+        let next = (q.len() >= 2 * R * stride).then(|| q.as_ptr().add(R * stride));
+        for i in (0..body).step_by(64) {
+            let ahead = next.map(|a| a.add(i));
+            let (qp, xp) = (q.as_ptr().add(i), x.as_ptr().add(i));
+            step_i8::<R>(qp, stride, xp, &zp, &sv, &mut acc, ahead);
+        }
+        if body < n {
+            let mut qt = [[0i8; 64]; R];
+            let mut xt = [0f32; 64];
+            for (r, t) in qt.iter_mut().enumerate() {
+                t[..n - body].copy_from_slice(&q[r * stride + body..r * stride + n]);
+            }
+            xt[..n - body].copy_from_slice(&x[body..n]);
+            step_i8::<R>(
+                qt.as_ptr().cast(),
+                64,
+                xt.as_ptr(),
+                &zp,
+                &sv,
+                &mut acc,
+                None,
+            );
+        }
+        let mut out = [0f32; R];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = tree64(a);
+        }
+        out
+    }
+}
+
+/// `dot_dequant_i4_rows` for `R` rows from `p`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // several arrays, one index
+unsafe fn rows_i4<const R: usize>(
+    p: &[u8],
+    stride: usize,
+    n: usize,
+    zps: &[f32],
+    scales: &[f32],
+    xs: &[f32],
+) -> [f32; R] {
+    let bytes = n.div_ceil(2);
+    let m = xs.len().min(2 * bytes);
+    let body = m - m % 64;
+    // SAFETY: as `rows_i8`; a full step reads 32 bytes of each row (inside
+    // its `bytes`) and 64 floats of `xs`.
+    unsafe {
+        let values = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0,
+        );
+        let mut table = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            let v = _mm512_sub_ps(values, _mm512_set1_ps(zps[r]));
+            table[r] = _mm512_mul_ps(v, _mm512_set1_ps(scales[r]));
+        }
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        let next = (p.len() >= 2 * R * stride).then(|| p.as_ptr().add(R * stride));
+        for i in (0..body).step_by(64) {
+            // One line a row every other step: each step reads 32 bytes a row.
+            let ahead = next.filter(|_| i % 128 == 0).map(|a| a.add(i / 2));
+            let (pp, xp) = (p.as_ptr().add(i / 2), xs.as_ptr().add(i));
+            step_i4::<R>(pp, stride, xp, &table, &mut acc, ahead);
+        }
+        let rest = xs.len().min(body + 64) - body;
+        if rest > 0 && body < 2 * bytes {
+            let mut pt = [[0u8; 32]; R];
+            let mut xt = [0f32; 64];
+            let take = (bytes - body / 2).min(32);
+            for (r, t) in pt.iter_mut().enumerate() {
+                let start = r * stride + body / 2;
+                t[..take].copy_from_slice(&p[start..start + take]);
+            }
+            for (k, v) in xt[..rest].iter_mut().enumerate() {
+                // Only elements whose byte exists count (as in the spec).
+                if scalar::pair_element(body + k) / 2 < bytes {
+                    *v = xs[body + k];
+                }
+            }
+            step_i4::<R>(pt.as_ptr().cast(), 32, xt.as_ptr(), &table, &mut acc, None);
+        }
+        let mut out = [0f32; R];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = tree64(a);
+        }
+        out
     }
 }
 
 impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     #[inline(always)]
-    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32 {
-        let n = x.len().min(q.len());
-        let body = n - n % 64;
-        // SAFETY: AVX-512F per the Kernels contract; full steps read inside
-        // `q` and `x`; the tail runs on zero-padded copies (a zero x adds
-        // nothing to a lane, which is never -0).
+    unsafe fn dot_dequant_i8_rows(
+        q: &[i8],
+        stride: usize,
+        zps: &[f32],
+        scales: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        let rows = out.len().min(zps.len()).min(scales.len());
+        let mut r = 0;
+        // SAFETY: forwarded from this function's contract (row r holds x.len()
+        // codes from r·stride).
         unsafe {
-            let zpv = _mm512_set1_ps(zp);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for i in (0..body).step_by(64) {
-                dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
+            while r + 4 <= rows {
+                let v = rows_i8::<4>(&q[r * stride..], stride, &zps[r..], &scales[r..], x);
+                out[r..r + 4].copy_from_slice(&v);
+                r += 4;
             }
-            if body < n {
-                let (mut qt, mut xt) = ([0i8; 64], [0f32; 64]);
-                qt[..n - body].copy_from_slice(&q[body..n]);
-                xt[..n - body].copy_from_slice(&x[body..n]);
-                dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
+            while r < rows {
+                out[r] = rows_i8::<1>(&q[r * stride..], stride, &zps[r..], &scales[r..], x)[0];
+                r += 1;
             }
-            tree64(acc)
         }
     }
 
     #[inline(always)]
-    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32 {
-        let n = x.len().min(2 * p.len());
-        let body = n - n % 64;
-        // SAFETY: as `dot_dequant_i8`; a full step reads 32 bytes of `p`.
+    unsafe fn dot_dequant_i4_rows(
+        p: &[u8],
+        stride: usize,
+        n: usize,
+        zps: &[f32],
+        scales: &[f32],
+        xs: &[f32],
+        out: &mut [f32],
+    ) {
+        let rows = out.len().min(zps.len()).min(scales.len());
+        let mut r = 0;
+        // SAFETY: forwarded from this function's contract.
         unsafe {
-            let zpv = _mm512_set1_ps(zp);
-            let values = _mm512_setr_ps(
-                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0,
-                -1.0,
-            );
-            let table = _mm512_sub_ps(values, zpv);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for i in (0..body).step_by(64) {
-                dot64_i4(p.as_ptr().add(i / 2), x.as_ptr().add(i), table, &mut acc);
+            while r + 4 <= rows {
+                let v = rows_i4::<4>(&p[r * stride..], stride, n, &zps[r..], &scales[r..], xs);
+                out[r..r + 4].copy_from_slice(&v);
+                r += 4;
             }
-            if body < n {
-                let (mut pt, mut xt) = ([0u8; 32], [0f32; 64]);
-                let bytes = (n - body).div_ceil(2);
-                pt[..bytes].copy_from_slice(&p[body / 2..body / 2 + bytes]);
-                xt[..n - body].copy_from_slice(&x[body..n]);
-                dot64_i4(pt.as_ptr(), xt.as_ptr(), table, &mut acc);
+            while r < rows {
+                out[r] = rows_i4::<1>(&p[r * stride..], stride, n, &zps[r..], &scales[r..], xs)[0];
+                r += 1;
             }
-            tree64(acc)
         }
     }
 

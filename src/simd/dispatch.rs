@@ -17,6 +17,7 @@ use half::{bf16, f16};
 macro_rules! dispatch {
     ($(#[$doc:meta])* pub fn $name:ident = $($generic:ident)::+($($arg:ident: $ty:ty),*) -> $ret:ty;) => {
         $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
         pub fn $name(isa: Isa, $($arg: $ty),*) -> $ret {
             match isa.usable() {
                 #[cfg(target_arch = "x86_64")]
@@ -164,12 +165,14 @@ primitive!(
     i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) -> ()
 );
 primitive!(
-    /// `Σ x[i] · (q[i] - zp)` over int8 codes (f32, `scalar::DOT_LANES` order).
-    dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32
+    /// Per row `r`: `Σ x[i] · (q[r·stride + i] - zps[r]) · scales[r]` over int8
+    /// codes (f32, `scalar::DOT_LANES` order), into `out[r]`.
+    dot_dequant_i8_rows(q: &[i8], stride: usize, zps: &[f32], scales: &[f32], x: &[f32], out: &mut [f32]) -> ()
 );
 primitive!(
-    /// `Σ x[i] · (q[i] - zp)` over packed int4 codes (f32, `scalar::DOT_LANES` order).
-    dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32
+    /// Per row `r`: the int4 dot product of the `n` codes from byte `r·stride`
+    /// with `xs` (`scalar::split_pairs` order), into `out[r]`.
+    dot_dequant_i4_rows(p: &[u8], stride: usize, n: usize, zps: &[f32], scales: &[f32], xs: &[f32], out: &mut [f32]) -> ()
 );
 primitive!(
     /// `out[i] = q[i] as f32 * scale`.

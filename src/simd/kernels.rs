@@ -209,12 +209,31 @@ pub(crate) trait Kernels {
     /// (`k >= 1`, `out.len() >= rows · tokens`). Exact for any `k` and any
     /// bytes (see `scalar::i8_dot`).
     unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]);
-    /// `Σ x[i] · (q[i] as f32 - zp)` over `x.len()` int8 codes, in the order
-    /// of `scalar::dot_dequant` (64 lanes of fused multiply-adds, then a tree).
-    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32;
-    /// As `dot_dequant_i8` over `x.len()` int4 codes packed two a byte from
-    /// the low nibble of `p[0]`.
-    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32;
+    /// For each row `r < out.len()`: `out[r] = Σ x[i] · ((q[r·stride + i] as
+    /// f32 - zps[r]) · scales[r])` over `i < x.len()` (each value dequantized
+    /// in f32, a subtraction then a multiplication), in the order of
+    /// `scalar::dot_lanes` (64 lanes of fused multiply-adds, then a tree).
+    unsafe fn dot_dequant_i8_rows(
+        q: &[i8],
+        stride: usize,
+        zps: &[f32],
+        scales: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    );
+    /// For each row `r < out.len()`: the int4 dot product of the `n` codes
+    /// packed from byte `r·stride` of `p` (low nibble first) with `xs`, the
+    /// activation in `scalar::split_pairs` order, as
+    /// `scalar::dot_dequant_i4_spec`.
+    unsafe fn dot_dequant_i4_rows(
+        p: &[u8],
+        stride: usize,
+        n: usize,
+        zps: &[f32],
+        scales: &[f32],
+        xs: &[f32],
+        out: &mut [f32],
+    );
     /// `out[i] = q[i] as f32 * scale`.
     unsafe fn dequantize_scaled(q: &[i8], scale: f32, out: &mut [f32]);
     /// `out[i] = f32(x[i])`, exact.

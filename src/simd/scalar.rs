@@ -72,6 +72,47 @@ pub fn dot_lanes(x: &[f32], d: impl Fn(usize) -> f32) -> f32 {
     lanes_tree_sum(acc)
 }
 
+/// `x` reordered for the int4 dot product: each block of 32 elements (the
+/// last one zero-padded) as its 16 even-indexed elements, then its 16 odd
+/// ones — the order in which the nibbles of 16 bytes come out of a register.
+pub fn split_pairs(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len().div_ceil(32) * 32];
+    for (i, &v) in x.iter().enumerate() {
+        out[split_index(i)] = v;
+    }
+    out
+}
+
+/// Where element `i` goes in [`split_pairs`] order.
+#[inline(always)]
+pub fn split_index(i: usize) -> usize {
+    let (block, e) = (i / 32, i % 32);
+    block * 32 + (e % 2) * 16 + e / 2
+}
+
+/// The element at position `k` of [`split_pairs`] order (the inverse of
+/// [`split_index`]).
+#[inline(always)]
+pub fn pair_element(k: usize) -> usize {
+    let (block, j) = (k / 32, k % 32);
+    block * 32 + if j < 16 { 2 * j } else { 2 * (j - 16) + 1 }
+}
+
+/// The specification of the int4 dequantizing dot product: `xs[k]` (in
+/// [`split_pairs`] order) times its element's `nibble − zp`, added into lane
+/// `k % 64`, for the elements the bytes of `p` hold; then the tree.
+pub fn dot_dequant_i4_spec(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
+    let mut acc = [0f32; DOT_LANES];
+    for (k, &v) in xs.iter().enumerate() {
+        let e = pair_element(k);
+        let Some(&b) = p.get(e / 2) else { continue };
+        let d = (nibble(if e.is_multiple_of(2) { b } else { b >> 4 }) as f32 - zp) * scale;
+        let lane = &mut acc[k % DOT_LANES];
+        *lane = v.mul_add(d, *lane);
+    }
+    lanes_tree_sum(acc)
+}
+
 /// Sign-extend the low nibble of `b`.
 #[inline(always)]
 pub fn nibble(b: u8) -> i8 {
@@ -105,15 +146,32 @@ macro_rules! range_impl {
 }
 
 impl Kernels for Scalar {
-    unsafe fn dot_dequant_i8(q: &[i8], zp: f32, x: &[f32]) -> f32 {
-        dot_lanes(x, |i| q[i] as f32 - zp)
+    unsafe fn dot_dequant_i8_rows(
+        q: &[i8],
+        stride: usize,
+        zps: &[f32],
+        scales: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        for (r, (o, (&zp, &s))) in out.iter_mut().zip(zps.iter().zip(scales)).enumerate() {
+            let row = &q[r * stride..r * stride + x.len()];
+            *o = dot_lanes(x, |i| (row[i] as f32 - zp) * s);
+        }
     }
 
-    unsafe fn dot_dequant_i4(p: &[u8], zp: f32, x: &[f32]) -> f32 {
-        dot_lanes(x, |i| {
-            let b = p[i / 2];
-            nibble(if i % 2 == 0 { b } else { b >> 4 }) as f32 - zp
-        })
+    unsafe fn dot_dequant_i4_rows(
+        p: &[u8],
+        stride: usize,
+        n: usize,
+        zps: &[f32],
+        scales: &[f32],
+        xs: &[f32],
+        out: &mut [f32],
+    ) {
+        for (r, (o, (&zp, &s))) in out.iter_mut().zip(zps.iter().zip(scales)).enumerate() {
+            *o = dot_dequant_i4_spec(&p[r * stride..r * stride + n.div_ceil(2)], zp, s, xs);
+        }
     }
 
     unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {

@@ -19,23 +19,60 @@ fn codes(n: usize, seed: u64) -> Vec<i8> {
     (0..n).map(|_| r.next() as u8 as i8).collect()
 }
 
+/// Per-row scales for `zps`: ordinary, tiny, large.
+fn scales_for(zps: &[f32]) -> Vec<f32> {
+    (0..zps.len())
+        .map(|r| [0.013f32, 1.0, 3.0e-5, 7.5e30][r % 4])
+        .collect()
+}
+
+fn dots_i8(isa: Isa, q: &[i8], stride: usize, zps: &[f32], x: &[f32]) -> Vec<u32> {
+    let mut out = vec![f32::NAN; zps.len()];
+    let scales = scales_for(zps);
+    simd::dot_dequant_i8_rows(isa, q, stride, zps, &scales, x, &mut out);
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+fn dots_i4(isa: Isa, p: &[u8], stride: usize, n: usize, zps: &[f32], xs: &[f32]) -> Vec<u32> {
+    let mut out = vec![f32::NAN; zps.len()];
+    let scales = scales_for(zps);
+    simd::dot_dequant_i4_rows(isa, p, stride, n, zps, &scales, xs, &mut out);
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
 #[test]
 fn dequantizing_dots_match_scalar_on_every_isa() {
     for isa in Isa::supported() {
         for n in (0..200).chain([1000, 4096 + 63]) {
-            let x = floats(n, n as u64);
-            let q = codes(n, 7 + n as u64);
-            let p: Vec<u8> = codes(packed_len(n), 9 + n as u64)
-                .iter()
-                .map(|&v| v as u8)
-                .collect();
-            for zp in [0.0f32, 3.0, -128.0, 1.0e6] {
-                let a = simd::dot_dequant_i8(isa, &q, zp, &x);
-                let b = simd::dot_dequant_i8(Isa::Scalar, &q, zp, &x);
-                assert_eq!(a.to_bits(), b.to_bits(), "i8 {isa:?} n {n} zp {zp}");
-                let a = simd::dot_dequant_i4(isa, &p, zp, &x);
-                let b = simd::dot_dequant_i4(Isa::Scalar, &p, zp, &x);
-                assert_eq!(a.to_bits(), b.to_bits(), "i4 {isa:?} n {n} zp {zp}");
+            for rows in [1usize, 3, 4, 5, 9] {
+                let zps: Vec<f32> = [0.0f32, 3.0, -128.0, 1.0e6, -7.0][..rows.min(5)]
+                    .iter()
+                    .cycle()
+                    .take(rows)
+                    .copied()
+                    .collect();
+                let x = floats(n, n as u64);
+                let stride = n + 3;
+                let q = codes(rows * stride, 7 + n as u64);
+                assert_eq!(
+                    dots_i8(isa, &q, stride, &zps, &x),
+                    dots_i8(Isa::Scalar, &q, stride, &zps, &x),
+                    "i8 {isa:?} n {n} rows {rows}"
+                );
+                let bstride = packed_len(n) + 1;
+                let p: Vec<u8> = codes(rows * bstride, 9 + n as u64)
+                    .iter()
+                    .map(|&v| v as u8)
+                    .collect();
+                // In split order (padded), shorter, and in natural order.
+                let xs = scalar::split_pairs(&x);
+                for xs in [&xs[..], &xs[..xs.len() / 2], &x[..]] {
+                    assert_eq!(
+                        dots_i4(isa, &p, bstride, n, &zps, xs),
+                        dots_i4(Isa::Scalar, &p, bstride, n, &zps, xs),
+                        "i4 {isa:?} n {n} rows {rows}"
+                    );
+                }
             }
         }
     }
@@ -44,10 +81,23 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
     let q = vec![1i8; 130];
     let mut lanes = [0f32; scalar::DOT_LANES];
     for (i, v) in x.iter().enumerate() {
-        lanes[i % 64] = v.mul_add(1.0, lanes[i % 64]);
+        lanes[i % 64] = v.mul_add(0.013, lanes[i % 64]);
     }
-    let want = scalar::lanes_tree_sum(lanes);
-    assert_eq!(simd::dot_dequant_i8(Isa::Scalar, &q, 0.0, &x), want);
+    let want = scalar::lanes_tree_sum(lanes).to_bits();
+    assert_eq!(dots_i8(Isa::Scalar, &q, 130, &[0.0], &x), vec![want]);
+    // int4: the same sum over the split order, each element once.
+    let p = vec![0x11u8; 65];
+    let xs = scalar::split_pairs(&x);
+    let mut lanes = [0f32; scalar::DOT_LANES];
+    for (k, v) in xs.iter().enumerate() {
+        let e = scalar::pair_element(k);
+        assert_eq!(scalar::split_index(e), k);
+        if e < 130 {
+            lanes[k % 64] = v.mul_add(0.013, lanes[k % 64]);
+        }
+    }
+    let want = scalar::lanes_tree_sum(lanes).to_bits();
+    assert_eq!(dots_i4(Isa::Scalar, &p, 65, 130, &[0.0], &xs), vec![want]);
 }
 
 /// `x @ dequant(W).T + bias` in f64, and a bound on its f32 rounding error.
