@@ -34,12 +34,17 @@ def flush() -> None:
 
 
 def timed(fns: Dict[str, Callable[[], object]], rounds: int, cold: bool) -> Dict[str, float]:
-    """Median seconds per implementation, interleaved; ``cold`` flushes (untimed) first."""
+    """Median seconds per implementation, interleaved. ``cold``: the caches are flushed
+    (untimed) before every call; else each timed call follows an untimed one of the
+    same implementation, so its data is as warm as it can be (the others in the
+    round, NumPy's 64 MiB float32 weight above all, evict everything)."""
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for r in range(2 + rounds):
         for name, fn in fns.items():
             if cold:
                 flush()
+            else:
+                fn()
             t = time.perf_counter()
             fn()
             dt = time.perf_counter() - t

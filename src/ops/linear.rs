@@ -173,7 +173,10 @@ pub fn linear_forward_with(
         panels,
     };
     let rows = if panels {
-        (PANEL_BYTES / (4 * in_f)).clamp(1, 1024)
+        // Whole panels, two tasks a thread: each reuses one panel buffer.
+        let threads = parallel::get_num_threads().max(1);
+        let per = panel_rows(in_f);
+        out_f.div_ceil(2 * threads).div_ceil(per).max(1) * per
     } else {
         // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
         parallel::units_per_task(out_f, in_f).max(1)
@@ -197,6 +200,11 @@ pub fn linear_forward_with(
         }
     });
     Ok(())
+}
+
+/// Rows in one dequantized panel: about [`PANEL_BYTES`] of f32.
+fn panel_rows(in_f: usize) -> usize {
+    (PANEL_BYTES / (4 * in_f.max(1))).clamp(1, 1024)
 }
 
 fn mismatch(arg: &'static str, expected: &str, actual: String) -> QuantError {
@@ -294,50 +302,53 @@ impl Job<'_> {
         res
     }
 
+    /// The panel path over rows `r0..r1`: a panel of [`PANEL_BYTES`] at a
+    /// time, one panel buffer for the whole range (a fresh 2 MiB buffer a
+    /// panel cost more in page faults than the GEMM).
     fn rows_gemm(&self, r0: usize, r1: usize) -> Vec<f32> {
         let [_, in_f] = self.w.shape;
-        let n = r1 - r0;
-        let mut panel = vec![0f32; n * in_f];
+        let tokens = self.tokens;
+        let per_panel = panel_rows(in_f).min(r1 - r0);
+        let mut panel = vec![0f32; per_panel * in_f];
+        let mut by_token = vec![0f32; tokens * per_panel];
         let mut unpacked = match self.w.codes {
             WeightCodes::Int4(_) => vec![0i8; in_f + 2],
             WeightCodes::Int8(_) => Vec::new(),
         };
-        for r in r0..r1 {
-            let (scale, zp) = self.params(r);
-            let row = &mut panel[(r - r0) * in_f..(r - r0 + 1) * in_f];
-            match self.w.codes {
-                WeightCodes::Int8(c) => {
-                    let q = &c[r * in_f..(r + 1) * in_f];
-                    simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached)
-                }
-                WeightCodes::Int4(p) => {
-                    let first = r * in_f;
-                    let skip = first % 2;
-                    // Whole bytes: unpack_int4 fills pairs.
-                    let bytes = packed_len(in_f + skip);
-                    let q = &mut unpacked[..2 * bytes];
-                    let start = first / 2;
-                    simd::unpack_int4(self.isa, &p[start..start + bytes], q);
-                    simd::affine_dequantize_f32(
-                        self.isa,
-                        &q[skip..],
-                        zp,
-                        scale,
-                        row,
-                        Store::Cached,
-                    );
+        let mut res = vec![0f32; (r1 - r0) * tokens];
+        for p0 in (r0..r1).step_by(per_panel) {
+            let p1 = (p0 + per_panel).min(r1);
+            let n = p1 - p0;
+            for r in p0..p1 {
+                let (scale, zp) = self.params(r);
+                let row = &mut panel[(r - p0) * in_f..(r - p0 + 1) * in_f];
+                match self.w.codes {
+                    WeightCodes::Int8(c) => {
+                        let q = &c[r * in_f..(r + 1) * in_f];
+                        simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached)
+                    }
+                    WeightCodes::Int4(p) => {
+                        let first = r * in_f;
+                        let skip = first % 2;
+                        // Whole bytes: unpack_int4 fills pairs.
+                        let bytes = packed_len(in_f + skip);
+                        let q = &mut unpacked[..2 * bytes];
+                        let start = first / 2;
+                        simd::unpack_int4(self.isa, &p[start..start + bytes], q);
+                        let q = &q[skip..];
+                        simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached);
+                    }
                 }
             }
-        }
-        // by_token[token][row] = Σ_i x[token, i] · panel[row, i]: the tokens as
-        // the GEMM's left side (packed once a panel), the panel as its right.
-        let tokens = self.tokens;
-        let mut by_token = vec![0f32; tokens * n];
-        simd::gemm::gemm_abt(tokens, n, in_f, self.x, &panel, &mut by_token);
-        let mut res = vec![0f32; n * tokens];
-        for (t, vals) in by_token.chunks_exact(n).enumerate() {
-            for (r, &v) in vals.iter().enumerate() {
-                res[r * tokens + t] = v + self.bias.map_or(0.0, |b| b[r0 + r]);
+            // by_token[token][row] = Σ_i x[token, i] · panel[row, i]: the
+            // tokens as the GEMM's left side, the panel as its right.
+            let (panel, by_token) = (&panel[..n * in_f], &mut by_token[..tokens * n]);
+            simd::gemm::gemm_abt(tokens, n, in_f, self.x, panel, by_token);
+            for (t, vals) in by_token.chunks_exact(n).enumerate() {
+                for (j, &v) in vals.iter().enumerate() {
+                    let r = p0 + j;
+                    res[(r - r0) * tokens + t] = v + self.bias.map_or(0.0, |b| b[r]);
+                }
             }
         }
         res
