@@ -174,3 +174,60 @@ def test_scales_outside_float32_take_the_exact_path(scale):
         assert np.array_equal(np.isnan(got), np.isnan(want))
         ok = np.isfinite(want)
         np.testing.assert_allclose(got[ok], want[ok], rtol=1e-6)
+
+
+def _pack(codes: np.ndarray) -> np.ndarray:
+    c = np.concatenate([codes, np.zeros(len(codes) % 2, np.int8)]).astype(np.uint8)
+    return ((c[0::2] & 15) | ((c[1::2] & 15) << 4)).astype(np.uint8)
+
+
+def test_values_near_float32_max_stay_finite_on_the_dot_path():
+    # A zero point whose code-0 value would overflow float32 (padding lanes compute
+    # it), and a weight holding float32's largest value: the few-token path must
+    # give the finite product the panel path and dequantize() give.
+    big = 3.4028234e38 / 999.9
+    cases = [
+        fq.QuantizedTensor(
+            np.array([1, 2, 3, 4, 5], np.int8),
+            np.array([big]),
+            np.array([1000.0]),
+            (1, 5),
+            "float32",
+            fq.QuantConfig.int8().asymmetric(),
+        ),
+        fq.QuantizedTensor(
+            _pack(np.array([1, 2, 3, 4, 5, 6], np.int8)),
+            np.array([big]),
+            np.array([1000.0]),
+            (1, 6),
+            "float32",
+            fq.QuantConfig.int4().asymmetric(),
+        ),
+    ]
+    for qt in cases:
+        layer = fq.QuantizedLinear(qt)
+        x = np.full((1, qt.shape[1]), 1e-30, np.float32)
+        want = x.astype(np.float64) @ fq.dequantize(qt).astype(np.float64).T
+        for xs in (x, np.repeat(x, 8, 0)):
+            np.testing.assert_allclose(layer.forward(xs)[0], want[0], rtol=1e-5)
+    w = np.array([[np.finfo(np.float32).max, 1.0, 2.0]], np.float32)
+    layer = fq.QuantizedLinear.from_linear(w, None, fq.QuantConfig.int8())
+    x = np.array([[1e-3, 1.0, 1.0]], np.float32)
+    want = x.astype(np.float64) @ fq.dequantize(layer.weight_quantized).astype(np.float64).T
+    for xs in (x, np.repeat(x, 8, 0)):
+        np.testing.assert_allclose(layer.forward(xs)[0], want[0], rtol=1e-6)
+
+
+def test_sums_that_leave_float32_only_in_a_fixed_order_are_redone():
+    # Terms near 2e38 of both signs: the exact sum is finite, a float32 sum in the
+    # wrong order is not. Both paths give the finite value.
+    layer = fq.QuantizedLinear.from_linear(np.ones((1, 3), np.float32), None, fq.QuantConfig.int8())
+    x = np.array([[2e38, -2e38, 2e38]], np.float32)
+    want = x.astype(np.float64) @ fq.dequantize(layer.weight_quantized).astype(np.float64).T
+    for xs in (x, np.repeat(x, 8, 0)):
+        got = layer.forward(xs)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    # A product that truly leaves float32 stays inf.
+    over = np.array([[3e38, 3e38, 3e38]], np.float32)
+    assert np.all(np.isinf(layer.forward(over)))

@@ -150,9 +150,12 @@ pub fn linear_forward_with(
     // rounded to f32. Where that is not within an ulp of `dequantize` (a scale
     // outside f32's normal range, a zero point beyond 2^22), every row takes
     // the panel path, which dequantizes exactly as `dequantize` does.
+    // Every value it may form, padding's code 0 included, must also stay
+    // finite: |scale| · (|zp| + the largest |code|) below f32::MAX.
     let f32_exact = w.scales.iter().zip(w.zero_points).all(|(&s, &z)| {
         let s32 = s as f32;
-        (s32.is_normal() || s == 0.0) && z.abs() < (1u32 << 22) as f64
+        let widest = (s32 as f64).abs() * (z.abs() + 128.0);
+        (s32.is_normal() || s == 0.0) && z.abs() < (1u32 << 22) as f64 && widest < f32::MAX as f64
     });
     let panels = tokens >= GEMM_MIN_TOKENS || !f32_exact;
     // The int4 dot product reads each token in `split_pairs` order.
@@ -199,6 +202,14 @@ pub fn linear_forward_with(
             }
         }
     });
+    // A float32 sum in a fixed order can pass float32's range where the exact
+    // sum does not (terms near 2^128 of both signs): redo those outputs in f64.
+    for (j, v) in out.iter_mut().enumerate() {
+        if !v.is_finite() {
+            let (t, r) = (j / out_f, j % out_f);
+            *v = job.exact(r, &x[t * in_f..(t + 1) * in_f]);
+        }
+    }
     Ok(())
 }
 
@@ -232,6 +243,31 @@ impl Job<'_> {
     fn params(&self, r: usize) -> (f64, f64) {
         let j = if self.w.scales.len() == 1 { 0 } else { r };
         (self.w.scales[j], self.w.zero_points[j])
+    }
+
+    /// Output `r` for one token `xt` in f64: `Σ x · dequant(w)` with the
+    /// weight dequantized exactly as `dequantize` does (f64, rounded once to
+    /// f32), plus the bias, rounded once. For the rare outputs whose f32 sum
+    /// left the range.
+    fn exact(&self, r: usize, xt: &[f32]) -> f32 {
+        let in_f = self.w.shape[1];
+        let (scale, zp) = self.params(r);
+        let code = |i: usize| -> f64 {
+            let e = r * in_f + i;
+            match self.w.codes {
+                WeightCodes::Int8(c) => c[e] as f64,
+                WeightCodes::Int4(p) => {
+                    let b = p[e / 2];
+                    simd::scalar::nibble(if e.is_multiple_of(2) { b } else { b >> 4 }) as f64
+                }
+            }
+        };
+        let sum: f64 = xt
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v as f64 * ((code(i) - zp) * scale) as f32 as f64)
+            .sum();
+        (sum + self.bias.map_or(0.0, |b| b[r] as f64)) as f32
     }
 
     /// Outputs of weight rows `r0..r1` for every token, `[row][token]`.
