@@ -64,6 +64,7 @@ from .errors import (
     QuantizationError,
     ShapeMismatchError,
 )
+from .f16bits import fp16_bits_to_fp32, fp32_to_fp16_bits
 from .quantizers import Affine, BitNetAct, Blockwise8, Dynamic
 from .registry import Quantizer, get_quantizer, list_quantizers, register_quantizer
 from .serialization import load, load_bytes, save, save_bytes
@@ -103,6 +104,8 @@ __all__ = [
     "dynamic_quantize_int4",
     "dynamic_quantize_int8",
     "dynamic_quantize_int8_per_row",
+    "fp16_bits_to_fp32",
+    "fp32_to_fp16_bits",
     "get_num_threads",
     "get_output_cache",
     "get_quantizer",

@@ -13,6 +13,8 @@ __all__ = [
     "dequantize_blockwise",
     "dequantize_groups",
     "env_warnings",
+    "fp16_bits_to_fp32",
+    "fp32_to_fp16_bits",
     "get_num_threads",
     "get_output_cache",
     "linear_forward",
@@ -108,3 +110,5 @@ def linear_forward(
     tokens: int,
     bias: Optional[npt.NDArray[np.float32]],
 ) -> npt.NDArray[np.float32]: ...
+def fp32_to_fp16_bits(x: npt.NDArray[np.float32]) -> npt.NDArray[np.uint16]: ...
+def fp16_bits_to_fp32(bits: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]: ...

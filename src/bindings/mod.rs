@@ -11,6 +11,7 @@ mod arrays;
 mod blockwise;
 mod dynamic;
 mod errors;
+mod f16bits;
 mod formats;
 mod recycle;
 mod runtime;
@@ -34,5 +35,6 @@ fn _ferroquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dynamic::register(m)?;
     smooth::register(m)?;
     w8a8::register(m)?;
+    f16bits::register(m)?;
     Ok(())
 }

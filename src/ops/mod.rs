@@ -13,6 +13,7 @@ pub mod blockwise;
 pub mod calib;
 pub(crate) mod drive;
 pub mod dynamic;
+pub mod f16bits;
 pub mod linear;
 pub mod pack;
 pub mod smooth;

@@ -452,6 +452,24 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
+    unsafe fn f32_to_f16(x: &[f32], out: &mut [f16]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 and F16C per the Kernels contract; 8 floats in and 8
+        // halves (16 bytes) out per full chunk; f16 is a 16-bit type.
+        unsafe {
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(c.as_ptr()));
+                _mm_storeu_si128(o.as_mut_ptr().cast(), h);
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::f32_to_f16(xc.remainder(), oc.into_remainder()) };
+    }
+
+    #[inline(always)]
     unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);

@@ -1187,6 +1187,32 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     }
 
     #[inline(always)]
+    unsafe fn f32_to_f16(x: &[f32], out: &mut [f16]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        // SAFETY: AVX-512F per the Kernels contract; 16 floats in and 16 halves
+        // (32 bytes) out per full chunk, the tail through a mask of its length.
+        unsafe {
+            let mut xc = x.chunks_exact(16);
+            let mut oc = out.chunks_exact_mut(16);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_loadu_ps(c.as_ptr()),
+                );
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), h);
+            }
+            let rest = xc.remainder();
+            if !rest.is_empty() {
+                let k = tail_mask(rest.len());
+                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_maskz_loadu_ps(k, rest.as_ptr()),
+                );
+                _mm256_mask_storeu_epi16(oc.into_remainder().as_mut_ptr().cast(), k, h);
+            }
+        }
+    }
+
+    #[inline(always)]
     unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);

@@ -191,6 +191,10 @@ primitive!(
     f64_to_f32(x: &[f64], out: &mut [f32]) -> ()
 );
 primitive!(
+    /// float32 -> float16, round to nearest even (as `half`), over `min(len)`.
+    f32_to_f16(x: &[f32], out: &mut [f16]) -> ()
+);
+primitive!(
     /// `(Σ (x - k), Σ (x - k)²)` in f64, in the fixed 16-lane order.
     shifted_moments(x: &[f32], k: f64) -> (f64, f64)
 );

@@ -242,6 +242,9 @@ pub(crate) trait Kernels {
     unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]);
     /// `out[i] = x[i] as f32` (round to nearest even).
     unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]);
+    /// `out[i] = f16(x[i])`, IEEE round to nearest even, NaN quieted with its
+    /// payload's top bits kept (as the `half` crate and F16C do).
+    unsafe fn f32_to_f16(x: &[f32], out: &mut [f16]);
 
     /// `(Σ (x - k), Σ (x - k)²)` in f64 over a run, in a fixed order every ISA
     /// follows: element `i` goes to lane `i % 16` (each `d = x - k` rounded,

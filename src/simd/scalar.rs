@@ -249,6 +249,13 @@ impl Kernels for Scalar {
     }
 
     #[inline(always)]
+    unsafe fn f32_to_f16(x: &[f32], out: &mut [f16]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = f16::from_f32(v);
+        }
+    }
+
+    #[inline(always)]
     unsafe fn range_f32(x: &[f32]) -> Range<f32> {
         range_impl!(x, f32)
     }

@@ -8,6 +8,7 @@ mod rng;
 mod affine;
 mod blockwise;
 mod dynamic;
+mod f16bits;
 mod linear;
 mod w8a8;
 

@@ -18,6 +18,7 @@ from .dynamic import (
     smooth_factors,
     w8a8,
 )
+from .f16bits import fp16_bits_to_fp32, fp32_to_fp16_bits
 
 __all__ = [
     "bitnet_quantize",
@@ -27,6 +28,8 @@ __all__ = [
     "dequantize_blockwise",
     "dequantize_groups",
     "dynamic_quantize",
+    "fp16_bits_to_fp32",
+    "fp32_to_fp16_bits",
     "pack_int4",
     "percentile_rank",
     "quantization_mae",

@@ -1,0 +1,57 @@
+//! float16 bits (SPEC §5): F16C / AVX-512 conversions equal the scalar path
+//! (the `half` crate) bit for bit for every class of f32 — normals, values at
+//! the rounding midpoints, subnormal results, overflow, signed zeros, NaNs
+//! with any payload — at every length, and the thread count changes nothing.
+
+use crate::rng::Rng;
+use crate::with_threads;
+use ferroquant::ops::f16bits::{fp16_bits_to_fp32_with, fp32_to_fp16_bits_with};
+use ferroquant::simd::Isa;
+
+fn patterns(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed | 1);
+    (0..n)
+        .map(|i| {
+            let b = r.next() as u32;
+            f32::from_bits(match i % 6 {
+                // Midpoints between two halves and their neighbours.
+                0 => (b & 0xffff_e000) | 0x1000 ^ (r.next() as u32 & 1),
+                // Exponents around the half range: subnormal, normal, overflow.
+                1 => (b & 0x807f_ffff) | ((100 + r.next() as u32 % 60) << 23),
+                2 => b | 0x7f80_0000, // inf and NaN with any payload
+                3 => b & 0x8000_0000, // signed zeros
+                _ => b,
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn every_isa_converts_like_scalar() {
+    for isa in Isa::supported() {
+        for n in (0..70).chain([1000, 70_001]) {
+            let x = patterns(n, n as u64 + 3);
+            let (mut a, mut b) = (vec![0u16; n], vec![0u16; n]);
+            fp32_to_fp16_bits_with(isa, &x, &mut a).unwrap();
+            fp32_to_fp16_bits_with(Isa::Scalar, &x, &mut b).unwrap();
+            assert_eq!(a, b, "f32 -> f16 {isa:?} n {n}");
+            let (mut c, mut d) = (vec![0f32; n], vec![0f32; n]);
+            fp16_bits_to_fp32_with(isa, &a, &mut c).unwrap();
+            fp16_bits_to_fp32_with(Isa::Scalar, &a, &mut d).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&c), bits(&d), "f16 -> f32 {isa:?} n {n}");
+        }
+    }
+}
+
+#[test]
+fn large_inputs_do_not_depend_on_the_thread_count() {
+    let x = patterns(1 << 20, 99);
+    let runs = with_threads(&[1, 2, 3], |_| {
+        let mut a = vec![0u16; x.len()];
+        fp32_to_fp16_bits_with(Isa::detected(), &x, &mut a).unwrap();
+        a
+    });
+    assert_eq!(runs[0], runs[1]);
+    assert_eq!(runs[0], runs[2]);
+}
