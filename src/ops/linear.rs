@@ -148,10 +148,9 @@ pub fn linear_forward_with(
     }
     // The dot path dequantizes in f32: `(q − zp) · scale` with the scale
     // rounded to f32. Where that is not within an ulp of `dequantize` (a scale
-    // outside f32's normal range, a zero point beyond 2^22), every row takes
-    // the panel path, which dequantizes exactly as `dequantize` does.
-    // Every value it may form, padding's code 0 included, must also stay
-    // finite: |scale| · (|zp| + the largest |code|) below f32::MAX.
+    // outside f32's normal range, a zero point beyond 2^22) or could overflow
+    // (|scale| · (|zp| + 128) not below f32::MAX, padding's code 0 included),
+    // every row takes the panel path, which dequantizes as `dequantize` does.
     let f32_exact = w.scales.iter().zip(w.zero_points).all(|(&s, &z)| {
         let s32 = s as f32;
         let widest = (s32 as f64).abs() * (z.abs() + 128.0);
@@ -160,7 +159,7 @@ pub fn linear_forward_with(
     let panels = tokens >= GEMM_MIN_TOKENS || !f32_exact;
     // The int4 dot product reads each token in `split_pairs` order.
     let split: Vec<f32> = match w.codes {
-        WeightCodes::Int4(_) if tokens < GEMM_MIN_TOKENS && in_f % 2 == 0 => x
+        WeightCodes::Int4(_) if !panels && in_f % 2 == 0 => x
             .chunks_exact(in_f)
             .flat_map(simd::scalar::split_pairs)
             .collect(),
