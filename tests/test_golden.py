@@ -141,3 +141,32 @@ def test_wheel_matches_rust_dynamic_bit_for_bit(params, arrays):
     same(q.scales, arrays["scales"])
     same(q.dequantize(), arrays["deq"])
     same(np.float32(fq.compute_scale(x, 127.0, mode)), arrays["scale127"])
+
+
+PTQ = Path(__file__).parent / "golden" / "ptq.safetensors"
+
+
+def _ptq_cases():
+    with safe_open(str(PTQ), framework="np") as f:
+        names = set(f.keys())
+        for params in json.loads(f.metadata()["cases"]):
+            case = params["case"]
+            arrays = {
+                k.split(".", 1)[1]: f.get_tensor(k) for k in names if k.startswith(case + ".")
+            }
+            yield pytest.param(params, arrays, id=f"{case}-{params['kind']}")
+
+
+def test_ptq_golden_file_covers_every_kind():
+    cases = [p.values for p in _ptq_cases()]
+    assert {p["kind"] for p, _ in cases} == {"f16bits"}
+    assert len(cases) == 3
+
+
+@pytest.mark.parametrize(("params", "arrays"), list(_ptq_cases()))
+def test_wheel_matches_rust_ptq_bit_for_bit(params, arrays):
+    assert arrays["x"].dtype == np.float32 and arrays["bits_in"].dtype == np.uint16
+    bits = fq.fp32_to_fp16_bits(arrays["x"])
+    assert bits.dtype == np.uint16 and bits.tobytes() == arrays["bits"].tobytes()
+    values = fq.fp16_bits_to_fp32(arrays["bits_in"])
+    assert values.dtype == np.float32 and values.tobytes() == arrays["values"].tobytes()
