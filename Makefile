@@ -19,6 +19,8 @@ lint:           ## formatting, clippy, ruff, mypy stubtest, pyo3 boundary (unsaf
 golden:         ## rewrite tests/golden/ from the Rust kernels
 	cargo run --release --example write_golden
 	cargo run --release --example write_golden_affine
+	cargo run --release --example write_golden_dynamic
+	cargo run --release --example write_golden_ptq
 
 bench:          ## criterion + the side-by-side Python comparison
 	cargo bench --bench kernels
