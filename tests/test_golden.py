@@ -91,8 +91,9 @@ _DYN_FUNCS = {
 }
 
 
-def _dynamic_cases():
-    with safe_open(str(DYNAMIC), framework="np") as f:
+def _dynamic_cases(path: Path = DYNAMIC):
+    """The cases of a golden file whose metadata lists them (``kind`` per case)."""
+    with safe_open(str(path), framework="np") as f:
         names = set(f.keys())
         for params in json.loads(f.metadata()["cases"]):
             case = params["case"]
@@ -147,14 +148,7 @@ PTQ = Path(__file__).parent / "golden" / "ptq.safetensors"
 
 
 def _ptq_cases():
-    with safe_open(str(PTQ), framework="np") as f:
-        names = set(f.keys())
-        for params in json.loads(f.metadata()["cases"]):
-            case = params["case"]
-            arrays = {
-                k.split(".", 1)[1]: f.get_tensor(k) for k in names if k.startswith(case + ".")
-            }
-            yield pytest.param(params, arrays, id=f"{case}-{params['kind']}")
+    return _dynamic_cases(PTQ)
 
 
 def test_ptq_golden_file_covers_every_kind():
