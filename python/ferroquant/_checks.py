@@ -168,6 +168,11 @@ def scale_dtype(value: Any) -> np.dtype:
     return dt
 
 
+def is_array_of(x: Any, *dtypes: Any) -> bool:
+    """Whether ``x`` is an ndarray of one of ``dtypes`` in either byte order."""
+    return isinstance(x, np.ndarray) and x.dtype.newbyteorder("=") in [np.dtype(d) for d in dtypes]
+
+
 def describe(x: Any) -> str:
     """How an argument is named in a TypeError: an array by dtype and shape, else its type."""
     if isinstance(x, np.ndarray):

@@ -22,6 +22,7 @@ from ._checks import (
     describe,
     float_input,
     held,
+    is_array_of,
     kernel_layout,
     readonly,
     shape_tuple,
@@ -220,7 +221,7 @@ class QuantizedTensor(Quantized):
                 f"got {describe(data)}"
             )
         for name, arr in (("scales", scales), ("zero_points", zps)):
-            if not isinstance(arr, np.ndarray) or arr.dtype.newbyteorder("=") != np.float64:
+            if not is_array_of(arr, np.float64):
                 raise TypeError(f"{name} must be a float64 array, got {describe(arr)}")
             if arr.shape != (k,):
                 raise ShapeMismatchError(

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio
-from ._checks import describe, float_input, held, readonly, shape_tuple
+from ._checks import describe, float_input, held, is_array_of, readonly, shape_tuple
 from .errors import InvalidConfigError, ShapeMismatchError
 
 __all__ = [
@@ -102,7 +102,7 @@ class QuantizedActivations(Quantized):
         data, scales = self.data, self.scales
         if not isinstance(data, np.ndarray) or data.dtype != np.int8:
             raise TypeError(f"data must be an int8 array, got {describe(data)}")
-        if not isinstance(scales, np.ndarray) or scales.dtype.newbyteorder("=") != np.float32:
+        if not is_array_of(scales, np.float32):
             raise TypeError(f"scales must be a float32 array, got {describe(scales)}")
         if data.shape != shape:
             raise ShapeMismatchError(f"data: expected shape {shape}, got {data.shape}")

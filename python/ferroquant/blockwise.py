@@ -19,6 +19,7 @@ from ._checks import (
     describe,
     float_input,
     held,
+    is_array_of,
     positive_int,
     readonly,
     shape_tuple,
@@ -66,10 +67,7 @@ class BlockwiseQuantized(Quantized):
         data, scales = self.data, self.scales
         if not isinstance(data, np.ndarray) or data.dtype != np.int8:
             raise TypeError(f"data must be an int8 array, got {describe(data)}")
-        if not isinstance(scales, np.ndarray) or scales.dtype.newbyteorder("=") not in (
-            np.float16,
-            np.float32,
-        ):
+        if not is_array_of(scales, np.float16, np.float32):
             raise TypeError(f"scales must be a float16 or float32 array, got {describe(scales)}")
         if data.shape != (n,):
             raise ShapeMismatchError(

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio, unpack_int4
-from ._checks import describe, float_input, held, readonly, shape_tuple, warn
+from ._checks import describe, float_input, held, is_array_of, readonly, shape_tuple, warn
 from .errors import InvalidConfigError, NonFiniteError, PrecisionWarning, ShapeMismatchError
 
 __all__ = [
@@ -119,7 +119,7 @@ class DynQuantTensor(Quantized):
                 f"data must be a {np.dtype(want_dtype).name} array for {self.format}, "
                 f"got {describe(data)}"
             )
-        if not isinstance(scales, np.ndarray) or scales.dtype.newbyteorder("=") != np.float32:
+        if not is_array_of(scales, np.float32):
             raise TypeError(f"scales must be a float32 array, got {describe(scales)}")
         if self.format == "int8_per_row":
             if len(shape) != 2:
@@ -359,7 +359,7 @@ def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
         raise ValueError(f"{arg} must be a writable C-contiguous float32 array, got {describe(x)}")
     if not (x.flags.c_contiguous and x.flags.writeable and x.flags.aligned):
         raise ValueError(f"{arg} must be a writable, aligned, C-contiguous float32 array")
-    if not isinstance(s, np.ndarray) or s.dtype.newbyteorder("=") != np.float32:
+    if not is_array_of(s, np.float32):
         raise TypeError(f"s must be a float32 array, got {describe(s)}")
     if x.ndim != 2:
         raise ShapeMismatchError(f"{arg} must be 2-D, got shape {x.shape}")

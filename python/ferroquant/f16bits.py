@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import _ferroquant as _native
-from ._checks import describe, kernel_layout
+from ._checks import describe, is_array_of, kernel_layout
 
 __all__ = ["fp16_bits_to_fp32", "fp32_to_fp16_bits"]
 
@@ -27,7 +27,7 @@ def fp32_to_fp16_bits(x: Any) -> np.ndarray:
     """
     if isinstance(x, np.generic):
         x = np.asarray(x)  # a NumPy scalar: a 0-d array of its type
-    if not isinstance(x, np.ndarray) or x.dtype.newbyteorder("=") != np.dtype(np.float32):
+    if not is_array_of(x, np.float32):
         raise TypeError(f"x must be a float32 array, got {describe(x)}")
     arr = kernel_layout(x, np.dtype(np.float32))
     return _native.fp32_to_fp16_bits(arr).reshape(x.shape)
@@ -42,7 +42,7 @@ def fp16_bits_to_fp32(bits: Any) -> np.ndarray:
     """
     if isinstance(bits, np.generic):
         bits = np.asarray(bits)
-    if not isinstance(bits, np.ndarray) or bits.dtype.newbyteorder("=") != np.dtype(np.uint16):
+    if not is_array_of(bits, np.uint16):
         raise TypeError(f"bits must be a uint16 array, got {describe(bits)}")
     arr = kernel_layout(bits, np.dtype(np.uint16))
     return _native.fp16_bits_to_fp32(arr).reshape(bits.shape)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _ferroquant as _native
-from ._checks import describe, float_input, kernel_layout
+from ._checks import describe, float_input, is_array_of, kernel_layout
 from .errors import EmptyInputError, ShapeMismatchError
 
 __all__ = ["w8a8_matmul", "w8a8_matvec"]
@@ -36,9 +36,7 @@ def _weight(weight_i8: Any) -> np.ndarray:
 def _scales(weight_scales: Any, out_f: int) -> np.ndarray:
     """The float32 scales, one per output row (any byte order, alignment or stride: read
     through one native copy if needed), or TypeError / ShapeMismatchError."""
-    if not isinstance(weight_scales, np.ndarray) or weight_scales.dtype.newbyteorder(
-        "="
-    ) != np.dtype(np.float32):
+    if not is_array_of(weight_scales, np.float32):
         raise TypeError(f"weight_scales must be a float32 array, got {describe(weight_scales)}")
     if weight_scales.shape != (out_f,):
         raise ShapeMismatchError(
