@@ -65,7 +65,14 @@ from .errors import (
     ShapeMismatchError,
 )
 from .f16bits import fp16_bits_to_fp32, fp32_to_fp16_bits
-from .quantizers import Affine, BitNetAct, Blockwise8, Dynamic
+from .ptq import (
+    Calibrator,
+    LayerCalibration,
+    QuantizedModel,
+    QuantizedWeights,
+    quantize_model_weights,
+)
+from .quantizers import Affine, BitNetAct, Blockwise8, Dynamic, PTQInt8
 from .registry import Quantizer, get_quantizer, list_quantizers, register_quantizer
 from .serialization import load, load_bytes, save, save_bytes
 from .w8a8 import w8a8_matmul, w8a8_matvec
@@ -77,13 +84,16 @@ __all__ = [
     "Blockwise8",
     "BlockwiseQuantized",
     "CalibStats",
+    "Calibrator",
     "DynQuantTensor",
     "Dynamic",
     "EmptyInputError",
     "FormatError",
     "InvalidConfigError",
+    "LayerCalibration",
     "MaxAbs",
     "NonFiniteError",
+    "PTQInt8",
     "Percentile",
     "PrecisionWarning",
     "QuantConfig",
@@ -91,7 +101,9 @@ __all__ = [
     "QuantizationError",
     "QuantizedActivations",
     "QuantizedLinear",
+    "QuantizedModel",
     "QuantizedTensor",
+    "QuantizedWeights",
     "Quantizer",
     "ShapeMismatchError",
     "SmoothQuantConfig",
@@ -117,6 +129,7 @@ __all__ = [
     "quantize",
     "quantize_activations",
     "quantize_blockwise",
+    "quantize_model_weights",
     "quantize_named_parameters",
     "quantize_ste",
     "register_quantizer",

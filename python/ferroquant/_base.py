@@ -1,8 +1,9 @@
 """The base of every quantized result dataclass.
 
 A family declares its dataclass fields, which of them are arrays
-(``_arrays``) and which are JSON parameters (``_params``), and its ``scheme``
-tag; :class:`Quantized` then gives it value equality, a one-line ``repr``,
+(``_arrays``; those in ``_optional`` may be ``None``) and which are JSON
+parameters (``_params``), and its ``scheme`` tag; :class:`Quantized` then
+gives it value equality, a one-line ``repr``,
 ``nbytes``, the record used by the file format, ``to_bytes`` / ``from_bytes``,
 and registers the scheme with :mod:`ferroquant._format` when the class is
 defined. The family's ``__post_init__`` validates what a user passes; kernel
@@ -12,7 +13,7 @@ results skip that through :meth:`Quantized._trusted`, so small calls stay cheap.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Dict, Mapping, Tuple, Type, TypeVar
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
 import numpy as np
 
@@ -54,7 +55,7 @@ def _jsonable(v: Any) -> Any:
 def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
     for name in cls._arrays:
         arr = fields[name]
-        if arr.flags.writeable:
+        if arr is not None and arr.flags.writeable:
             arr.flags.writeable = False
     return cls._trusted(**fields)
 
@@ -65,10 +66,18 @@ class Quantized:
     scheme: ClassVar[str]
     _arrays: ClassVar[Tuple[str, ...]]
     _params: ClassVar[Tuple[str, ...]]
+    #: Array fields that may be ``None`` (left out of the record when they are).
+    _optional: ClassVar[Tuple[str, ...]] = ()
+
+    #: The tag files record for this class, when ``scheme`` is a field of its own
+    #: (the seed's ``QuantizedModel.scheme``) rather than the class's tag.
+    _tag: ClassVar[Optional[str]] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "scheme" in cls.__dict__:
+        if "_tag" in cls.__dict__:
+            _format.register_scheme(cls.__dict__["_tag"], cls)
+        elif "scheme" in cls.__dict__:
             _format.register_scheme(cls.scheme, cls)
 
     @classmethod
@@ -88,7 +97,8 @@ class Quantized:
     @property
     def nbytes(self) -> int:
         """Bytes actually held by the arrays."""
-        return int(sum(getattr(self, a).nbytes for a in self._arrays))
+        arrays = (getattr(self, a) for a in self._arrays)
+        return int(sum(a.nbytes for a in arrays if a is not None))
 
     def compression_ratio(self) -> float:  # pragma: no cover - every family overrides it
         raise NotImplementedError
@@ -113,7 +123,9 @@ class Quantized:
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name in self._arrays:
-                if not arrays_equal(a, b):
+                if (a is None or b is None) and a is not b:
+                    return False
+                if a is not None and not arrays_equal(a, b):
                     return False
             elif a != b:
                 return False
@@ -134,7 +146,7 @@ class Quantized:
     def _record(self) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         """Arrays and JSON-able parameters that describe this value completely."""
         return (
-            {a: getattr(self, a) for a in self._arrays},
+            {a: getattr(self, a) for a in self._arrays if getattr(self, a) is not None},
             {p: _jsonable(getattr(self, p)) for p in self._params},
         )
 

@@ -1,5 +1,5 @@
 # Hand-written stub of the native module, checked by `python -m mypy.stubtest`.
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +18,10 @@ __all__ = [
     "get_num_threads",
     "get_output_cache",
     "linear_forward",
+    "ptq_quantize",
+    "ptq_range",
+    "ptq_read_json",
+    "ptq_write_json",
     "output_cache_usage",
     "parse_safetensors_header",
     "quantize_affine",
@@ -112,3 +116,20 @@ def linear_forward(
 ) -> npt.NDArray[np.float32]: ...
 def fp32_to_fp16_bits(x: npt.NDArray[np.float32]) -> npt.NDArray[np.uint16]: ...
 def fp16_bits_to_fp32(bits: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]: ...
+def ptq_quantize(
+    w: npt.NDArray[np.generic], scale: Optional[float]
+) -> Tuple[npt.NDArray[np.int8], float]: ...
+def ptq_range(w: npt.NDArray[np.generic]) -> Tuple[float, float]: ...
+def ptq_write_json(
+    path: Optional[str],
+    config_json: str,
+    layers: List[
+        Tuple[str, npt.NDArray[np.int8], List[int], float, Optional[npt.NDArray[np.float32]]]
+    ],
+    scheme: str,
+    total_quantized_bytes: int,
+    total_fp32_bytes: int,
+) -> Optional[bytes]: ...
+def ptq_read_json(
+    data: bytes,
+) -> Tuple[str, str, int, int, List[Tuple[str, npt.NDArray[np.int8], List[int], float, Any]]]: ...

@@ -175,7 +175,8 @@ def _utf8(text: str, what: str) -> None:
 def _entry(name: str, value: Any) -> Tuple[str, Dict[str, np.ndarray]]:
     arrays, params = value._record()
     names = {role: f"{name}{ROLE_SEP}{role}" for role in arrays}
-    entry = {"format_version": FORMAT_VERSION, "scheme": value.scheme, **params, "arrays": names}
+    tag = type(value)._tag or value.scheme
+    entry = {"format_version": FORMAT_VERSION, "scheme": tag, **params, "arrays": names}
     return json.dumps(entry), {names[role]: arr for role, arr in arrays.items()}
 
 
@@ -410,14 +411,24 @@ def _check_entry(name: str, raw: str, present: Mapping[str, Any]) -> Tuple[type,
             f"{'; unknown ' + str(extra) if extra else ''}"
         )
     refs = entry["arrays"]
-    roles = set(cls._arrays)  # type: ignore[attr-defined]
-    if not isinstance(refs, dict) or set(refs) != roles:
+    roles = set(record_roles(cls))
+    optional = set(cls._optional)  # type: ignore[attr-defined]
+    if not isinstance(refs, dict) or not (roles - optional <= set(refs) <= roles):
         got = sorted(refs) if isinstance(refs, dict) else type(refs).__name__
-        raise FormatError(f"entry {name!r}: 'arrays' must map exactly {sorted(roles)}, got {got}")
+        want = f"exactly {sorted(roles - optional)}" + (
+            f" (and optionally {sorted(optional)})" if optional else ""
+        )
+        raise FormatError(f"entry {name!r}: 'arrays' must map {want}, got {got}")
     for arr_name in refs.values():
         if not isinstance(arr_name, str) or arr_name not in present:
             raise FormatError(f"entry {name!r} refers to missing tensor {arr_name!r}")
     return cls, entry
+
+
+def record_roles(cls: type) -> Tuple[str, ...]:
+    """The array roles a class's record holds: its ``_roles`` if it declares them
+    (a value whose arrays are not its fields), else its array fields."""
+    return getattr(cls, "_roles", None) or cls._arrays  # type: ignore[attr-defined]
 
 
 def plan(names: Mapping[str, Any], meta: Mapping[str, str]) -> Dict[str, Any]:

@@ -19,9 +19,10 @@ from .dynamic import (
     dynamic_quantize_int8,
     dynamic_quantize_int8_per_row,
 )
+from .ptq import QuantizedWeights
 from .registry import register_quantizer
 
-__all__ = ["Affine", "BitNetAct", "Blockwise8", "Dynamic"]
+__all__ = ["Affine", "BitNetAct", "Blockwise8", "Dynamic", "PTQInt8"]
 
 
 @dataclass(frozen=True)
@@ -208,3 +209,40 @@ class BitNetAct:
 
 
 register_quantizer("bitnet-act", BitNetAct)
+
+
+@dataclass(frozen=True)
+class PTQInt8:
+    """``ptq-int8``: seed 004's post-training int8 (one float32 scale a tensor,
+    ``max|w| / 127`` unless given).
+
+    Args:
+        scale: a fixed scale (finite, > 0), or None to take it from each tensor.
+    """
+
+    scale: Optional[float] = None
+    name: str = field(default="ptq-int8", init=False)
+    kind: str = field(default="weight", init=False)
+
+    def __post_init__(self) -> None:
+        if self.scale is not None:  # checked now, not at the first tensor
+            QuantizedWeights.from_f32("", np.zeros(1, np.float32), scale=self.scale)
+
+    def fits(self, shape: Tuple[int, ...], dtype: np.dtype) -> Optional[str]:
+        """Why an array of this shape and dtype is not quantized with this scheme, or None."""
+        if not is_float_dtype(np.dtype(dtype)):
+            return f"dtype {np.dtype(dtype)} is not floating"
+        return None
+
+    def quantize(self, x: Any, name: str = "") -> QuantizedWeights:
+        """:meth:`ferroquant.QuantizedWeights.from_f32` of ``x`` in its own shape."""
+        return QuantizedWeights.from_f32(name, x, scale=self.scale)
+
+    def dequantize(self, q: Any) -> np.ndarray:
+        """``q.dequantize()`` (TypeError unless a QuantizedWeights)."""
+        if not isinstance(q, QuantizedWeights):
+            raise TypeError(f"q must be a QuantizedWeights, got {type(q).__name__}")
+        return q.dequantize()
+
+
+register_quantizer("ptq-int8", PTQInt8)

@@ -13,6 +13,7 @@ mod dynamic;
 mod errors;
 mod f16bits;
 mod formats;
+mod ptq;
 mod recycle;
 mod runtime;
 mod smooth;
@@ -36,5 +37,6 @@ fn _ferroquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     smooth::register(m)?;
     w8a8::register(m)?;
     f16bits::register(m)?;
+    ptq::register(m)?;
     Ok(())
 }

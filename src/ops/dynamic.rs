@@ -286,6 +286,40 @@ fn codes_with_scale<T: Float>(
     }
 }
 
+/// `codes[i] = clamp(round(x[i] / scale), -clip, clip)` for a scale known in
+/// advance (`scale > 0`, `x` known finite), across the pool for long inputs
+/// (elementwise, so any split gives the same codes).
+pub(crate) fn quantize_known_scale<T: Float>(
+    isa: Isa,
+    x: &[T],
+    scale: f32,
+    clip: f32,
+    codes: &mut [i8],
+) {
+    let n = x.len();
+    let run = |xs: &[T], cs: &mut [i8], par: bool| {
+        let mut stage = Vec::new();
+        codes_with_scale(
+            isa,
+            xs,
+            (scale, clip),
+            &mut GroupOut::Int8(cs),
+            &mut stage,
+            &mut Vec::new(),
+            Store::for_run(n, xs.len(), par),
+        );
+    };
+    parallel::run(n, |par| {
+        if !par {
+            return run(x, codes, false);
+        }
+        let chunk = parallel::units_per_task(n.div_ceil(STAGE), STAGE) * STAGE;
+        x.par_chunks(chunk)
+            .zip(codes.par_chunks_mut(chunk))
+            .for_each(|(xs, cs)| run(xs, cs, true));
+    });
+}
+
 enum GroupOut<'a, 'b> {
     Int8(&'a mut [i8]),
     Int4(&'a mut Int4Writer<'b>),

@@ -16,5 +16,6 @@ pub mod dynamic;
 pub mod f16bits;
 pub mod linear;
 pub mod pack;
+pub mod ptq;
 pub mod smooth;
 pub mod w8a8;
