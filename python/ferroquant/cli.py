@@ -1,7 +1,9 @@
 """The ``ferroquant`` command line (SPEC §8).
 
     ferroquant quantize IN.safetensors -o OUT.safetensors --scheme NAME [-p KEY=VALUE ...]
+    ferroquant quantize IN.safetensors -o OUT.json --scheme ptq-int8   (seed 004's JSON model)
     ferroquant quantize --demo -o OUT.safetensors          (all-MiniLM-L6-v2 from its wheel)
+    ferroquant compare IN.safetensors [--schemes a,b,...] [--json [PATH]]   (or --demo)
     ferroquant inspect FILE
     ferroquant dequantize IN -o OUT
 
@@ -16,6 +18,7 @@ import argparse
 import importlib.util
 import inspect
 import json
+import math
 import os
 import signal
 import sys
@@ -31,6 +34,9 @@ from . import __version__
 from ._checks import FLOAT_DTYPES, is_float_dtype
 from ._format import ENTRY_PREFIX
 from .errors import QuantizationError
+from .ptq import SCHEME as PTQ_SCHEME
+from .ptq import QuantizedModel, QuantizedWeights
+from .quantizers import PTQInt8
 from .registry import get_quantizer, list_quantizers, registry_factory
 from .serialization import StreamingWriter, TensorReader
 
@@ -197,7 +203,17 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     except TypeError as e:
         raise CliError(f"invalid parameter for scheme {args.scheme!r}: {e}") from None
 
+    json_out = args.output.lower().endswith(".json")
+    if json_out and quantizer.name != "ptq-int8":
+        raise CliError(
+            f"a .json output is seed 004's model format, written by --scheme ptq-int8 only; "
+            f"give a .safetensors output for {args.scheme!r}"
+        )
+    if args.config is not None and not json_out:
+        raise CliError("--config is recorded in a .json model only (give -o OUT.json)")
     with TensorReader(src) as reader:
+        if json_out:
+            return _quantize_json(args, src, quantizer, reader)
         return _quantize(args, src, quantizer, reader)
 
 
@@ -260,7 +276,7 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     try:
-                        q = quantizer.quantize(arr)
+                        q = _quantize_named(quantizer, arr, name)
                     except QuantizationError as e:
                         raise CliError(f"tensor {name!r}: {e}") from None
                 for w in caught:
@@ -312,9 +328,349 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
     return 0
 
 
+def _quantize_named(quantizer: Any, arr: np.ndarray, name: str) -> Any:
+    """``quantizer.quantize(arr)``; a PTQ layer also records the tensor's name."""
+    if isinstance(quantizer, PTQInt8):
+        return quantizer.quantize(arr, name=name)
+    return quantizer.quantize(arr)
+
+
+def _layer_name(tensor: str) -> str:
+    """The seed's layer name of a weight tensor: ``encoder.fc.weight`` -> ``encoder.fc``."""
+    return tensor[: -len(".weight")] if tensor.endswith(".weight") else tensor
+
+
+def _read_config(path: Optional[str]) -> str:
+    if path is None:
+        return "{}"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
+    try:
+        text = raw.decode("utf-8")
+        json.loads(text)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CliError(f"--config {path}: not a JSON file ({e})") from None
+    return text
+
+
+def _quantize_json(
+    args: argparse.Namespace, src: Path, quantizer: Any, reader: TensorReader
+) -> int:
+    """Seed 004's JSON model: one QuantizedWeights a floating tensor of rank >= 2, with
+    ``<layer>.bias`` attached; other tensors are not part of that format and are listed."""
+    if any(k.startswith(ENTRY_PREFIX) for k in reader.metadata):
+        raise CliError(f"{src} is already quantized by ferroquant; dequantize it first")
+    out = Path(args.output)
+    if _same_file(src, out):
+        raise CliError("the output file must differ from the input file")
+    config = _read_config(args.config)
+    names = reader.names
+    weights = [
+        n
+        for n in names
+        if len(reader.tensors[n].shape) >= 2 and reader.tensors[n].dtype_tag in _FLOAT_TAGS
+    ]
+    biases: Dict[str, str] = {}
+    for n in weights:
+        b = _layer_name(n) + ".bias"
+        t = reader.tensors.get(b)
+        if (
+            t is not None
+            and b not in weights
+            and t.dtype_tag in _FLOAT_TAGS
+            and t.shape == [reader.tensors[n].shape[0]]
+        ):
+            biases[n] = b
+    rows: List[List[str]] = []
+    layers: List[QuantizedWeights] = []
+    in_bytes = out_bytes = 0
+    t_start = time.perf_counter()
+    show = not args.no_progress and sys.stderr.isatty()
+    with _progress(len(weights), show) as bar:
+        for name in weights:
+            bar.set_postfix_str(name[-40:], refresh=False)
+            arr = reader.get(name)
+            bias = reader.get(biases[name]) if name in biases else None
+            t0 = time.perf_counter()
+            try:
+                q = QuantizedWeights.from_f32(
+                    _layer_name(name), arr, bias=bias, scale=getattr(quantizer, "scale", None)
+                )
+            except QuantizationError as e:
+                raise CliError(f"tensor {name!r}: {e}") from None
+            ms = (time.perf_counter() - t0) * 1e3
+            max_err, mean_err = error_stats(arr, q.dequantize())
+            layers.append(q)
+            in_bytes += arr.nbytes + (bias.nbytes if bias is not None else 0)
+            out_bytes += q.nbytes
+            rows.append(
+                [
+                    _shown(name),
+                    "x".join(map(str, arr.shape)),
+                    "ptq-int8" + (" +bias" if bias is not None else ""),
+                    _fmt_bytes(q.nbytes),
+                    _ratio(arr.nbytes, q.weights_i8.nbytes),
+                    f"{max_err:.3e}",
+                    f"{mean_err:.3e}",
+                    f"{ms:.2f}",
+                ]
+            )
+            bar.update(1)
+    model = QuantizedModel._trusted(
+        config_json=config,
+        layers=tuple(layers),
+        scheme=PTQ_SCHEME,
+        total_quantized_bytes=sum(q.size_bytes() for q in layers),
+        total_fp32_bytes=sum(q.original_size_bytes() for q in layers),
+    )
+    model.save(out)
+    left = [n for n in names if n not in weights and n not in biases.values()]
+    elapsed = time.perf_counter() - t_start
+    header = ["tensor", "shape", "scheme", "size", "ratio", "max|err|", "mean|err|", "ms"]
+    print(_table(rows, header))
+    if left:
+        shown = ", ".join(_shown(n) for n in left[:8]) + (" ..." if len(left) > 8 else "")
+        print(f"\nnot in the JSON model (not a weight of rank >= 2 or its bias): {shown}")
+    print(
+        f"\n{src.name}: {len(layers)} layers quantized with ptq-int8 into seed 004's JSON, "
+        f"{len(biases)} with bias; {_fmt_bytes(in_bytes)} -> {_fmt_bytes(out_bytes)} held "
+        f"({model.compression_ratio():.2f}x by the seed's count) in {elapsed:.2f} s "
+        f"[{os.fspath(out)}]"
+    )
+    return 0
+
+
+#: safetensors dtype tags of the floating dtypes the kernels read.
+_FLOAT_TAGS = frozenset({"F16", "BF16", "F32", "F64"})
+
+
+class _Tally:
+    """One scheme's running totals over the tensors seen so far (float64)."""
+
+    __slots__ = ("count", "held", "max_err", "seconds", "sum_abs", "sum_sq", "sum_sq_err")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.max_err = 0.0
+        self.sum_abs = self.sum_sq_err = self.sum_sq = 0.0
+        self.count = 0
+        self.seconds = 0.0
+
+    def add(self, original: np.ndarray, restored: np.ndarray, step: int = 1 << 20) -> None:
+        """Fold one tensor's errors in, a slice at a time (a few MiB beside the tensor)."""
+        a, b = original.reshape(-1), restored.reshape(-1)
+        for i in range(0, a.size, step):
+            x = a[i : i + step].astype(np.float64)
+            d = b[i : i + step].astype(np.float64) - x
+            ad = np.abs(d)
+            self.max_err = max(self.max_err, float(ad.max()))
+            self.sum_abs += float(ad.sum())
+            self.sum_sq_err += float(np.dot(d, d))
+            self.sum_sq += float(np.dot(x, x))
+        self.count += a.size
+
+    def sqnr_db(self) -> float:
+        """Signal power over error power, in dB (inf for an exact result)."""
+        if self.sum_sq_err == 0:
+            return math.inf
+        if self.sum_sq == 0:
+            return -math.inf
+        return 10 * math.log10(self.sum_sq / self.sum_sq_err)
+
+
+def _compare_schemes(arg: Optional[str]) -> Tuple[List[Any], bool]:
+    """The quantizers to compare, and whether the user chose them."""
+    if arg is None:
+        out = []
+        for name in list_quantizers():
+            q = get_quantizer(name)
+            if getattr(q, "kind", "weight") == "weight":
+                out.append(q)
+        return out, False
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    if not names:
+        raise CliError("--schemes is empty: give comma-separated quantizer names")
+    if len(set(names)) != len(names):
+        raise CliError(f"--schemes names a scheme twice: {arg}")
+    try:
+        return [get_quantizer(n) for n in names], True
+    except KeyError as e:
+        raise CliError(str(e.args[0])) from None
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    if args.demo and args.input:
+        raise CliError("give either an input file or --demo, not both")
+    if not args.demo and not args.input:
+        raise CliError("no input: give IN.safetensors, or --demo for the MiniLM weights")
+    src = demo_model_path() if args.demo else Path(args.input)
+    quantizers, chosen = _compare_schemes(args.schemes)
+    if args.json not in (None, "-"):
+        _format_destination(args.json)
+    with TensorReader(src) as reader:
+        return _compare(args, src, quantizers, chosen, reader)
+
+
+def _format_destination(path: str) -> None:
+    from ._format import prepare_destination
+
+    prepare_destination(path)
+
+
+def _compare(
+    args: argparse.Namespace,
+    src: Path,
+    quantizers: List[Any],
+    chosen: bool,
+    reader: TensorReader,
+) -> int:
+    if any(k.startswith(ENTRY_PREFIX) for k in reader.metadata):
+        raise CliError(f"{src} is already quantized by ferroquant; compare the float model")
+    tensors = [
+        n
+        for n in reader.names
+        if len(reader.tensors[n].shape) >= 2 and reader.tensors[n].dtype_tag in _FLOAT_TAGS
+    ]
+    if not tensors:
+        raise CliError(f"{src} holds no floating tensor of rank >= 2 to quantize")
+    # Keep the schemes that fit every tensor (a chosen one that does not is an error).
+    kept = []
+    for q in quantizers:
+        fits: Any = getattr(q, "fits", None)
+        why = None
+        for n in tensors if fits is not None else ():
+            t = reader.tensors[n]
+            why = fits(tuple(t.shape), _TAG_DTYPES[t.dtype_tag])
+            if why:
+                why = f"tensor {n!r} of shape {'x'.join(map(str, t.shape))}: {why}"
+                break
+        if why and chosen:
+            raise CliError(f"scheme {q.name!r} does not fit {why}")
+        if not why:
+            kept.append(q)
+    if not kept:
+        raise CliError("no registered weight scheme fits every tensor of this file")
+    tallies = {q.name: _Tally() for q in kept}
+    other_bytes = source_bytes = 0
+    show = not args.no_progress and sys.stderr.isatty()
+    with _progress(len(tensors) * len(kept), show) as bar:
+        for name in reader.names:
+            if name not in tensors:
+                t = reader.tensors[name]
+                other_bytes += t.nbytes
+                continue
+            arr = reader.get(name)
+            source_bytes += arr.nbytes
+            for q in kept:
+                bar.set_postfix_str(f"{q.name} {name[-30:]}", refresh=False)
+                tally = tallies[q.name]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    t0 = time.perf_counter()
+                    try:
+                        value = q.quantize(arr)
+                    except QuantizationError as e:
+                        raise CliError(f"scheme {q.name!r}, tensor {name!r}: {e}") from None
+                    tally.seconds += time.perf_counter() - t0
+                    tally.held += int(value.nbytes)
+                    tally.add(arr, q.dequantize(value))
+                del value
+                bar.update(1)
+    total = source_bytes + other_bytes
+    rows = []
+    for name, tal in tallies.items():
+        size = tal.held + other_bytes
+        rows.append(
+            {
+                "scheme": name,
+                "bytes": size,
+                "ratio": total / size if size else 1.0,
+                "max_abs_err": tal.max_err,
+                "mean_abs_err": tal.sum_abs / tal.count if tal.count else 0.0,
+                "sqnr_db": tal.sqnr_db(),
+                "seconds": tal.seconds,
+            }
+        )
+    rows.sort(key=lambda r: (r["bytes"], -r["sqnr_db"], r["scheme"]))
+    summary = {
+        "file": os.fspath(src),
+        "tensors_quantized": len(tensors),
+        "tensors_total": len(reader.names),
+        "original_bytes": total,
+        "schemes": rows,
+    }
+    if args.json is not None:
+        text = json.dumps(summary, indent=2, allow_nan=False, default=str)
+        if args.json == "-":
+            print(text)
+        else:
+            from ._format import write_file
+
+            def write(tmp: str) -> None:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(text + "\n")
+
+            write_file(args.json, write)
+            print(f"wrote {args.json}")
+        return 0
+    table = [
+        [
+            r["scheme"],
+            _fmt_bytes(r["bytes"]),
+            f"{r['ratio']:.2f}x",
+            f"{r['max_abs_err']:.3e}",
+            f"{r['mean_abs_err']:.3e}",
+            f"{r['sqnr_db']:.2f}",
+            f"{r['seconds']:.3f}",
+        ]
+        for r in rows
+    ]
+    header = ["scheme", "size", "ratio", "max|err|", "mean|err|", "SQNR dB", "seconds"]
+    print(_table(table, header))
+    print(
+        f"\n{src.name}: {len(tensors)} of {len(reader.names)} tensors quantized "
+        f"({_fmt_bytes(source_bytes)}); the other {_fmt_bytes(other_bytes)} count as stored; "
+        "sizes are the bytes held, errors over every quantized value, SQNR over all of them"
+    )
+    return 0
+
+
+#: safetensors dtype tag -> NumPy dtype of the floating tags.
+_TAG_DTYPES = {
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+}
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if str(args.file).lower().endswith(".json"):
+        return _inspect_json(QuantizedModel.load(args.file))
     with TensorReader(args.file) as reader:
         return _inspect(reader)
+
+
+def _inspect_json(model: QuantizedModel) -> int:
+    rows = [
+        [
+            _shown(q.name),
+            "x".join(map(str, q.shape)) or "()",
+            f"{q.scale:.6g}",
+            "yes" if q.bias is not None else "-",
+            _fmt_bytes(q.nbytes),
+        ]
+        for q in model.layers
+    ]
+    print(_table(rows, ["layer", "shape", "scale", "bias", "bytes"]))
+    print(
+        f"\n{len(rows)} layers, scheme {model.scheme!r}, {model.total_quantized_bytes} "
+        f"quantized bytes of {model.total_fp32_bytes} float32 ({model.compression_ratio():.2f}x)"
+    )
+    return 0
 
 
 def _inspect(reader: TensorReader) -> int:
@@ -387,7 +743,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("quantize", help="quantize every floating tensor of rank >= 2")
     q.add_argument("input", nargs="?", help="input .safetensors file")
-    q.add_argument("-o", "--output", required=True, help="output .safetensors file")
+    q.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="output .safetensors file (or .json: seed 004's model, --scheme ptq-int8)",
+    )
     q.add_argument(
         "--scheme",
         default="blockwise8",
@@ -415,8 +776,38 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"quantize all-MiniLM-L6-v2 from the {DEMO_PACKAGE} wheel",
     )
+    q.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="JSON file recorded as config_json of a .json (ptq-int8) model (default {})",
+    )
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_quantize)
+
+    c = sub.add_parser(
+        "compare", help="quantize with every weight scheme and print size and error side by side"
+    )
+    c.add_argument("input", nargs="?", help="input .safetensors file")
+    c.add_argument(
+        "--schemes",
+        default=None,
+        help="comma-separated quantizer names (default: every registered weight scheme "
+        "that fits every tensor)",
+    )
+    c.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the table as JSON to PATH (or to stdout without PATH) instead of text",
+    )
+    c.add_argument(
+        "--demo", action="store_true", help=f"compare on all-MiniLM-L6-v2 ({DEMO_PACKAGE})"
+    )
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_compare)
 
     i = sub.add_parser("inspect", help="list what a safetensors file holds")
     i.add_argument("file")

@@ -246,6 +246,11 @@ class QuantizedWeights(Quantized):
         """``ptq-int8``."""
         return "ptq-int8"
 
+    @property
+    def bits(self) -> int:
+        """Bits per code: 8."""
+        return 8
+
     def numel(self) -> int:
         """Number of weights."""
         return int(self.weights_i8.size)
