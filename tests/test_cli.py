@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -263,3 +264,143 @@ def test_a_scheme_that_does_not_fit_a_rank_fails_before_writing(tmp_path, scheme
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "'odd'" in r.stderr and why in r.stderr
     assert not out.exists()
+
+
+# -- ptq-int8: seed 004's JSON model ------------------------------------------------------------
+
+
+def test_ptq_int8_writes_the_seeds_json_model(tmp_path, model):
+    out = tmp_path / "m.json"
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "ptq-int8", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "4 layers quantized with ptq-int8" in r.stdout and "2 with bias" in r.stdout
+    assert "not in the JSON model" in r.stdout and "position_ids" in r.stdout
+    src = stn.load_file(str(model))
+    got = fq.QuantizedModel.load(out)
+    assert got.config_json == "{}" and got.scheme == "symmetric_per_tensor_int8"
+    by_name = {q.name: q for q in got.layers}
+    assert sorted(by_name) == ["conv", "embeddings.word", "encoder.layer.0", "lm_head"]
+    want = fq.QuantizedWeights.from_f32(
+        "encoder.layer.0", src["encoder.layer.0.weight"], bias=src["encoder.layer.0.bias"]
+    )
+    assert by_name["encoder.layer.0"] == want
+    assert by_name["lm_head"].bias.dtype == np.float32  # bfloat16 bias, stored as f32
+    assert by_name["embeddings.word"].bias is None
+    assert got.total_fp32_bytes == 4 * got.total_quantized_bytes
+    # The bytes are the model's own JSON (the seed's to_string_pretty).
+    assert out.read_bytes() == got.to_json().encode()
+    r = cli("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "encoder.layer.0" in r.stdout and "4 layers" in r.stdout
+
+
+def test_ptq_int8_records_a_config_file(tmp_path, model):
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden": 96, "name": "tiny é"}', encoding="utf-8")
+    out = tmp_path / "m.json"
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "ptq-int8", "--config", str(config))
+    assert r.returncode == 0, r.stderr
+    assert fq.QuantizedModel.load(out).config_json == config.read_text(encoding="utf-8")
+    config.write_text("not json")
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "ptq-int8", "--config", str(config))
+    assert r.returncode == 1 and "not a JSON file" in r.stderr
+
+
+def test_ptq_int8_native_output_names_each_layer(tmp_path, model):
+    out = tmp_path / "q.safetensors"
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "ptq-int8", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    got = fq.load(out)
+    src = stn.load_file(str(model))
+    assert got["conv.weight"] == fq.QuantizedWeights.from_f32("conv.weight", src["conv.weight"])
+    np.testing.assert_array_equal(got["encoder.layer.0.bias"], src["encoder.layer.0.bias"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scheme", "int8", "-o", "{tmp}/m.json"], "written by --scheme ptq-int8 only"),
+        (["--scheme", "ptq-int8", "-o", "{tmp}/m.safetensors", "--config", "x"], "--config"),
+        (["--scheme", "ptq-int8", "-o", "{tmp}/missing/m.json"], "No such file"),
+        (["--scheme", "ptq-int8", "-p", "scale=0", "-o", "{tmp}/m.json"], "scale"),
+    ],
+)
+def test_ptq_int8_misuse_is_one_line(tmp_path, model, args, message):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r = cli("quantize", str(model), *args)
+    assert r.returncode == 1, r.stdout
+    assert r.stderr.count("\n") == 1 and message in r.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
+# -- compare ----------------------------------------------------------------------------------
+
+
+def test_compare_prints_one_row_a_weight_scheme_sorted_by_size(tmp_path, model):
+    r = cli("compare", str(model), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == [
+        "scheme", "size", "ratio", "max|err|", "mean|err|", "SQNR", "dB", "seconds"
+    ]  # fmt: skip
+    rows = [ln.split() for ln in lines[2:] if ln and not ln.startswith("model")]
+    rows = [r_ for r_ in rows if r_[0] in fq.list_quantizers()]
+    names = [r_[0] for r_ in rows]
+    weight = [n for n in fq.list_quantizers() if fq.get_quantizer(n).kind == "weight"]
+    assert sorted(names) == sorted(weight)  # activation schemes are not weight schemes
+    assert "4 of 7 tensors quantized" in r.stdout
+
+
+def test_compare_json_matches_a_direct_computation(tmp_path, model):
+    out = tmp_path / "c.json"
+    r = cli("compare", str(model), "--schemes", "int8,blockwise8,int4", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    table = json.loads(out.read_text())
+    rows = table["schemes"]
+    assert [row["scheme"] for row in rows] == ["int4", "int8", "blockwise8"]  # by size
+    assert [row["bytes"] for row in rows] == sorted(row["bytes"] for row in rows)
+    src = stn.load_file(str(model))
+    quantized = [n for n, a in src.items() if a.ndim >= 2 and a.dtype.kind == "f"]
+    quantized.append("lm_head.weight")  # bfloat16 is floating too
+    other = sum(a.nbytes for n, a in src.items() if n not in quantized)
+    q = fq.get_quantizer("int8")
+    held = sig = err2 = 0.0
+    worst = 0.0
+    for n in quantized:
+        x = src[n].astype(np.float64)
+        v = q.quantize(src[n])
+        d = q.dequantize(v).astype(np.float64) - x
+        held += v.nbytes
+        sig += float((x * x).sum())
+        err2 += float((d * d).sum())
+        worst = max(worst, float(np.abs(d).max()))
+    row = rows[1]
+    assert row["bytes"] == held + other
+    assert row["max_abs_err"] == worst
+    assert row["sqnr_db"] == pytest.approx(10 * np.log10(sig / err2), rel=1e-9)
+    assert table["original_bytes"] == sum(a.nbytes for a in src.values())
+    r = cli("compare", str(model), "--schemes", "int8", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["schemes"][0]["scheme"] == "int8"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--schemes", "nope"], "nope"),
+        (["--schemes", ","], "empty"),
+        (["--schemes", "int8,int8"], "twice"),
+        (["--schemes", "dynamic-int8-per-row"], "does not fit"),
+        (["--json", "/nonexistent-dir/c.json"], "No such file"),
+    ],
+)
+def test_compare_misuse_is_one_line(model, args, message):
+    r = cli("compare", str(model), *args)
+    assert r.returncode == 1, r.stdout
+    assert r.stderr.count("\n") == 1 and message in r.stderr
+
+
+def test_compare_needs_a_float_matrix(tmp_path):
+    src = tmp_path / "v.safetensors"
+    stn.save_file({"v": np.ones(5, np.float32), "i": np.ones((2, 2), np.int32)}, str(src))
+    r = cli("compare", str(src))
+    assert r.returncode == 1 and "no floating tensor of rank >= 2" in r.stderr

@@ -153,12 +153,54 @@ def _ptq_cases():
 
 def test_ptq_golden_file_covers_every_kind():
     cases = [p.values for p in _ptq_cases()]
-    assert {p["kind"] for p, _ in cases} == {"f16bits"}
-    assert len(cases) == 3
+    kinds = [p["kind"] for p, _ in cases]
+    assert {k: kinds.count(k) for k in set(kinds)} == {
+        "f16bits": 3,
+        "weights": 8,
+        "model": 1,
+        "seed_model": 1,
+    }
+    dtypes = {str(a["w"].dtype) for p, a in cases if p["kind"] == "weights"}
+    assert dtypes == {"float32", "float16", "bfloat16", "float64"}
 
 
 @pytest.mark.parametrize(("params", "arrays"), list(_ptq_cases()))
 def test_wheel_matches_rust_ptq_bit_for_bit(params, arrays):
+    if params["kind"] == "weights":
+        w = arrays["w"].reshape(params["shape"])
+        qw = fq.QuantizedWeights.from_f32(
+            params["case"], w, bias=arrays.get("bias"), scale=params["scale"]
+        )
+        assert qw.weights_i8.tobytes() == arrays["codes"].tobytes()
+        assert np.float32(qw.scale).tobytes() == arrays["scale"].tobytes()
+        if "deq" in arrays:
+            assert qw.dequantize().dtype == np.float32
+            assert qw.dequantize().tobytes() == arrays["deq"].tobytes()
+        if "range" in arrays:
+            c = fq.Calibrator()
+            c.record_layer(params["case"], w)
+            (lc,) = c.finish()
+            assert np.array([lc.w_min, lc.w_max], np.float32).tobytes() == arrays["range"].tobytes()
+        return
+    if params["kind"] == "model":
+        layers = [
+            (
+                f"layer.{k}",
+                arrays[f"w{k}"].reshape(shape),
+                shape,
+                arrays[f"b{k}"] if has_bias else None,
+            )
+            for k, (shape, has_bias) in enumerate(zip(params["shapes"], params["biases"]))
+        ]
+        model = fq.quantize_model_weights(params["config_json"], layers)
+        assert model.to_json().encode() == arrays["json"].tobytes()
+        assert fq.QuantizedModel.from_json(arrays["json"].tobytes()) == model
+        return
+    if params["kind"] == "seed_model":
+        model = fq.QuantizedModel.from_json(arrays["json"].tobytes())
+        assert model.layers[0].weights_i8.tolist() == [1, -2, 3]
+        assert model.to_json().encode() == arrays["json"].tobytes()
+        return
     assert arrays["x"].dtype == np.float32 and arrays["bits_in"].dtype == np.uint16
     bits = fq.fp32_to_fp16_bits(arrays["x"])
     assert bits.dtype == np.uint16 and bits.tobytes() == arrays["bits"].tobytes()

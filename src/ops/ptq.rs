@@ -10,9 +10,10 @@
 //! the pool.
 //!
 //! The JSON is the seed's `serde_json::to_string_pretty` of its structs, byte
-//! for byte: the same field names and order, written by the same serializer
-//! (f32 values in ryu's shortest form, `weights_i8` as JSON integers, a
-//! missing bias as `null`). A file the seed wrote loads here, and the other
+//! for byte: the same field names and order, written by serde_json's pretty
+//! printer (f32 values in ryu's shortest form, as serde_json printed them when
+//! the seed was written; `weights_i8` as JSON integers; a missing bias as
+//! `null`). A file the seed wrote loads here, and the other
 //! way round.
 //!
 //! Deviations (SPEC): codes are held as `i8`, not `i32` (7; the JSON is the
@@ -401,7 +402,58 @@ impl QuantizedModelRef<'_> {
         for l in &self.layers {
             l.validate()?;
         }
-        serde_json::to_writer_pretty(w, self).map_err(|e| QuantError::Format { msg: e.to_string() })
+        let mut ser = serde_json::Serializer::with_formatter(w, SeedFormatter::default());
+        self.serialize(&mut ser)
+            .map_err(|e| QuantError::Format { msg: e.to_string() })
+    }
+}
+
+/// serde_json's pretty printer with f32 values in ryu's shortest text, as
+/// serde_json printed them when seed 004 was written (recent serde_json
+/// releases format `1e16f32` as `1e+16`; ryu, and so the seed, as `1e16`).
+/// Only finite values reach it: the layers are
+/// validated first.
+#[derive(Default)]
+struct SeedFormatter<'a>(serde_json::ser::PrettyFormatter<'a>);
+
+impl serde_json::ser::Formatter for SeedFormatter<'_> {
+    fn write_f32<W: ?Sized + Write>(&mut self, w: &mut W, value: f32) -> std::io::Result<()> {
+        w.write_all(ryu::Buffer::new().format_finite(value).as_bytes())
+    }
+    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
     }
 }
 

@@ -19,6 +19,7 @@ from .dynamic import (
     w8a8,
 )
 from .f16bits import fp16_bits_to_fp32, fp32_to_fp16_bits
+from .ptq import ptq_dequantize, ptq_quantize, weight_range
 
 __all__ = [
     "bitnet_quantize",
@@ -32,6 +33,8 @@ __all__ = [
     "fp32_to_fp16_bits",
     "pack_int4",
     "percentile_rank",
+    "ptq_dequantize",
+    "ptq_quantize",
     "quantization_mae",
     "quantize_affine",
     "quantize_blockwise",
@@ -39,4 +42,5 @@ __all__ = [
     "smooth_factors",
     "unpack_int4",
     "w8a8",
+    "weight_range",
 ]
