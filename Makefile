@@ -11,6 +11,7 @@ lint:           ## formatting, clippy, ruff, mypy stubtest, pyo3 boundary (unsaf
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --features python -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 	ruff check python tests benches && ruff format --check python tests benches
 	python -m mypy python/ferroquant
 	python -m mypy.stubtest ferroquant._ferroquant

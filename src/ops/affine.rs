@@ -11,6 +11,23 @@
 //!
 //! Deviations (SPEC): int4 codes are packed two a byte (1); non-finite input
 //! is an error (2).
+//!
+//! ```
+//! # fn main() -> Result<(), ferroquant::QuantError> {
+//! use ferroquant::ops::affine::{dequantize, num_groups, quantize, Codes, CodesMut, QuantConfig};
+//!
+//! let x = [-1.0f32, -0.25, 0.0, 0.5, 2.0, 3.0]; // a [2, 3] weight
+//! let config = QuantConfig::int8_per_channel().asymmetric();
+//! let groups = num_groups(&[2, 3], config.granularity);
+//! let (mut codes, mut scales, mut zps) = ([0i8; 6], vec![0f64; groups], vec![0f64; groups]);
+//! quantize(&x, &[2, 3], &config, CodesMut::Int8(&mut codes), &mut scales, &mut zps)?;
+//! assert_eq!(scales[0], 1.0 / 255.0); // row 0 spans [-1, 0]
+//! let mut y = [0f32; 6];
+//! dequantize(Codes::Int8(&codes), &[2, 3], &config, &scales, &zps, &mut y)?;
+//! assert!(y.iter().zip(&x).all(|(a, b)| (a - b).abs() <= 0.5 * 3.0 / 255.0 + 1e-7));
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};

@@ -9,6 +9,20 @@
 //!
 //! Deviations (SPEC): non-finite input is an error (2); `bits` outside 2..=8
 //! is an error and `per_token = false` is honoured (4).
+//!
+//! ```
+//! # fn main() -> Result<(), ferroquant::QuantError> {
+//! use ferroquant::ops::bitnet::quantize_activations;
+//!
+//! // Two tokens of three values, 4-bit codes in -7..=7, one scale per token.
+//! let x = [0.7f32, -0.35, 0.0, 1.4, 0.2, -2.8];
+//! let (mut codes, mut scales) = ([0i8; 6], [0f32; 2]);
+//! quantize_activations(&x, 3, 4, &mut codes, &mut scales)?;
+//! assert_eq!(codes, [7, -4, 0, 4, 1, -7]);
+//! assert_eq!(scales, [0.7 / 7.0, 2.8 / 7.0]);
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};

@@ -12,6 +12,22 @@
 //! Deviations (SPEC): int4 codes are packed two a byte (1); non-finite input
 //! is an error (2); the percentile rank is computed from one f64 multiply and
 //! found by O(n) selection instead of a sort (3); per-row input is 2-D (5).
+//!
+//! ```
+//! # fn main() -> Result<(), ferroquant::QuantError> {
+//! use ferroquant::ops::dynamic::{compute_scale, dynamic_quantize, DynCodesMut, DynFormat, ScaleMode};
+//!
+//! let x = [0.5f32, -1.0, 0.25, 100.0]; // one outlier
+//! assert_eq!(compute_scale(&x, 127.0, ScaleMode::MaxAbs)?, 100.0 / 127.0);
+//! // The 50th percentile of |x| ignores it: rank ceil(0.5 * 4) - 1 = 1 of [0.25, 0.5, 1, 100].
+//! let p50 = ScaleMode::percentile(0.5)?;
+//! assert_eq!(compute_scale(&x, 127.0, p50)?, 0.5 / 127.0);
+//! let (mut codes, mut scale) = ([0i8; 4], [0f32]);
+//! dynamic_quantize(&x, &[4], DynFormat::Int8PerTensor, p50, DynCodesMut::Int8(&mut codes), &mut scale)?;
+//! assert_eq!(codes, [127, -127, 64, 127]); // clipped at ±127
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};

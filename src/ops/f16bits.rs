@@ -4,6 +4,21 @@
 //! quieted with the top of its payload kept). F16C / AVX-512 convert the same
 //! way (checked exhaustively against `half`); large inputs are split across
 //! the pool.
+//!
+//! ```
+//! # fn main() -> Result<(), ferroquant::QuantError> {
+//! use ferroquant::ops::f16bits::{fp16_bits_to_fp32, fp32_to_fp16_bits};
+//!
+//! let x = [1.0f32, 65520.0, 1e-8, -0.0];
+//! let mut bits = [0u16; 4];
+//! fp32_to_fp16_bits(&x, &mut bits)?;
+//! assert_eq!(bits, [0x3c00, 0x7c00, 0x0000, 0x8000]); // 65520 rounds to inf
+//! let mut back = [0f32; 4];
+//! fp16_bits_to_fp32(&bits, &mut back)?;
+//! assert_eq!(back[0], 1.0);
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::error::{QuantError, Result};
 use crate::parallel;

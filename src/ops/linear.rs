@@ -6,7 +6,7 @@
 //! per output row (per channel) or one for the tensor. Two paths:
 //!
 //! - A few tokens: each output is `scale · Σ x_i · (q_i − zp) + bias`, the
-//!   codes dequantized inside the dot product ([`crate::simd::dot_dequant_i8`],
+//!   codes dequantized inside the dot product ([`crate::simd::dot_dequant_i8_rows`],
 //!   `_i4`), rows split across the pool. The weight is read once per call at
 //!   its quantized size (1 or ½ byte an element).
 //! - Many tokens: panels of weight rows are dequantized exactly as

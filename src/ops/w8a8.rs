@@ -14,6 +14,20 @@
 //! Work is split by output rows across the pool; a batch is tiled so each
 //! panel of weight rows is read from memory once for a block of tokens that
 //! stays in cache. Results do not depend on the split.
+//!
+//! ```
+//! # fn main() -> Result<(), ferroquant::QuantError> {
+//! use ferroquant::ops::w8a8::w8a8_matvec;
+//!
+//! let weight = [1i8, 2, 3, -1, -2, -3]; // [2, 3], per-row scales
+//! let mut out = [0f32; 2];
+//! w8a8_matvec(&weight, [2, 3], &[0.5, 0.25], &[1.27f32, 0.0, -1.27], &mut out)?;
+//! // The activation becomes codes [127, 0, -127] with scale 0.01:
+//! // row 0: (127 - 381) * 0.5 * 0.01.
+//! assert_eq!(out, [-254.0 * 0.5 * 0.01, 254.0 * 0.25 * 0.01]);
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};

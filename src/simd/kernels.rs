@@ -78,7 +78,7 @@ pub const F32_FAST_MARGIN: f32 = 0.5 - 1.0 / 2048.0;
 
 impl Affine {
     /// `(inv32, zp32)` when f32 input may take the f32 shortcut (see
-    /// [`F32_FAST_LIMIT`]): the zero point is an integer of magnitude at most
+    /// `F32_FAST_LIMIT`): the zero point is an integer of magnitude at most
     /// 1024 and `inv` is 0 or within f32's normal range.
     #[inline(always)]
     pub fn f32_shortcut(&self) -> Option<(f32, f32)> {
