@@ -31,3 +31,16 @@ def test_readme_commands_are_the_ci_commands():
     test_cmd = "pip install '.[test]' && cargo test && python -m pytest"
     assert test_cmd in README.read_text()
     assert test_cmd in (README.parent / ".ci" / "run").read_text()
+
+
+def test_readme_ptq_example_runs(tmp_path, monkeypatch, capsys):
+    section = README.read_text().split("### Post-training int8", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, str(README), "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    # The printed repr is the one the README shows.
+    shown = re.search(r"print\(qw\)\s+# (.*)", code).group(1)
+    assert printed[1] == shown
+    assert float(printed[0]) == fq.load(tmp_path / "model.safetensors")["model"].layers[0].scale
+    assert (tmp_path / "model.json").read_bytes().startswith(b'{\n  "config_json": ')
