@@ -37,7 +37,7 @@ import numpy as np
 
 import ferroquant as fq
 
-FAMILIES = ("blockwise", "affine", "activation", "matmul")
+FAMILIES = ("blockwise", "affine", "activation", "matmul", "ptq")
 Row = Dict[str, object]
 
 
