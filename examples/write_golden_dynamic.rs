@@ -10,6 +10,7 @@
 //! `w8a8_matmul`, `.out`).
 
 use ferroquant::ops::bitnet::quantize_activations;
+use ferroquant::ops::calib::CalibStats;
 use ferroquant::ops::dynamic::{
     compute_scale, dequantize_groups, dynamic_quantize, num_scales, DynCodes, DynCodesMut,
     DynFormat, ScaleMode,
@@ -261,6 +262,26 @@ fn main() {
         ));
         cases.push(format!(
             r#"{{"case": "w{i}", "kind": "w8a8", "tokens": {tokens}}}"#
+        ));
+    }
+    // CalibStats over batches of uneven sizes (one past the parallel threshold).
+    for (i, sizes) in [vec![1000usize, 70_000, 5], vec![300_000, 17], vec![1]]
+        .into_iter()
+        .enumerate()
+    {
+        let x = values(sizes.iter().sum(), 6000 + i as u64, 1.0);
+        let mut batches = Vec::new();
+        let mut at = 0;
+        for &n in &sizes {
+            batches.push(&x[at..at + n]);
+            at += n;
+        }
+        let s = CalibStats::collect(&batches).unwrap();
+        let stats = [s.min, s.max, s.mean, s.std_dev, s.p99, s.suggested_scale];
+        t.push((format!("k{i}.x"), Dtype::F32, vec![x.len()], bytes(&x)));
+        t.push((format!("k{i}.stats"), Dtype::F32, vec![6], bytes(&stats)));
+        cases.push(format!(
+            r#"{{"case": "k{i}", "kind": "calib", "sizes": {sizes:?}}}"#
         ));
     }
     golden::write("dynamic.safetensors", &t, &cases);

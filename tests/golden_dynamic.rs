@@ -3,6 +3,7 @@
 //! pytest checks the same file against the wheel.
 
 use ferroquant::ops::bitnet::quantize_activations;
+use ferroquant::ops::calib::CalibStats;
 use ferroquant::ops::dynamic::{
     compute_scale, dequantize_groups, dynamic_quantize, num_scales, DynCodes, DynCodesMut,
     DynFormat, ScaleMode,
@@ -146,6 +147,19 @@ fn the_kernels_reproduce_the_golden_file() {
                     })
                 });
             }
+            "calib" => {
+                let x = decode(&field(&st, case, "x"), f32::from_le_bytes);
+                let sizes = usizes(&c["sizes"]);
+                let mut batches = Vec::new();
+                let mut at = 0;
+                for n in sizes {
+                    batches.push(&x[at..at + n]);
+                    at += n;
+                }
+                let s = CalibStats::collect(&batches).unwrap();
+                let stats = [s.min, s.max, s.mean, s.std_dev, s.p99, s.suggested_scale];
+                assert_eq!(f32s(&stats), field(&st, case, "stats"), "{case}");
+            }
             "w8a8" => {
                 let view = st.tensor(&format!("{case}.weight")).unwrap();
                 let [o, k] = [view.shape()[0], view.shape()[1]];
@@ -172,5 +186,5 @@ fn the_kernels_reproduce_the_golden_file() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 72);
+    assert_eq!(seen, 75);
 }

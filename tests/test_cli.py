@@ -404,3 +404,95 @@ def test_compare_needs_a_float_matrix(tmp_path):
     stn.save_file({"v": np.ones(5, np.float32), "i": np.ones((2, 2), np.int32)}, str(src))
     r = cli("compare", str(src))
     assert r.returncode == 1 and "no floating tensor of rank >= 2" in r.stderr
+
+
+# -- regressions from the adversarial review of the PTQ commands ---------------------------------
+
+
+def test_compare_never_writes_its_json_over_the_input(model):
+    before = model.read_bytes()
+    r = cli("compare", str(model), "--schemes", "int8", "--json", str(model))
+    assert r.returncode == 1 and "must differ from the input" in r.stderr
+    assert model.read_bytes() == before
+
+
+def test_compare_json_of_an_exact_scheme_has_a_null_sqnr(tmp_path):
+    src = tmp_path / "zeros.safetensors"
+    stn.save_file({"w": np.zeros((4, 4), np.float32)}, str(src))
+    r = cli("compare", str(src), "--schemes", "int8,blockwise8", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["schemes"]
+    assert [row["sqnr_db"] for row in rows] == [None, None]
+    assert all(row["max_abs_err"] == 0.0 for row in rows)
+
+
+def test_ptq_int8_native_files_restore_the_source_dtype(tmp_path, model):
+    q, d = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
+    assert cli("quantize", str(model), "-o", str(q), "--scheme", "ptq-int8").returncode == 0
+    got = fq.load(q)
+    assert got["embeddings.word"].dtype == "float16"
+    r = cli("inspect", str(q))
+    assert "float16" in r.stdout and "bfloat16" in r.stdout
+    assert cli("dequantize", str(q), "-o", str(d)).returncode == 0
+    restored = stn.load_file(str(d))
+    assert restored["embeddings.word"].dtype == np.float16
+    assert restored["conv.weight"].dtype == np.float64
+
+
+def test_inspect_and_dequantize_read_models_and_statistics(tmp_path, rng):
+    m = fq.quantize_model_weights(
+        "{}", [("a", rng.standard_normal((3, 4)).astype(np.float32), None, np.ones(3))]
+    )
+    path, out = tmp_path / "m.safetensors", tmp_path / "o.safetensors"
+    fq.save(path, {"model": m, "cal": fq.LayerCalibration("a", -1.0, 1.0, -1.0, 1.0)})
+    r = cli("inspect", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "ptq-calibration" in r.stdout and "1 layers" in r.stdout
+    r = cli("dequantize", str(path), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "statistics, not a tensor" in r.stderr
+    restored = stn.load_file(str(out))
+    np.testing.assert_array_equal(restored["a.weight"], m.layers[0].dequantize())
+    np.testing.assert_array_equal(restored["a.bias"], np.ones(3, np.float32))
+    js, out2 = tmp_path / "m.json", tmp_path / "o2.safetensors"
+    m.save(js)
+    assert cli("dequantize", str(js), "-o", str(out2)).returncode == 0
+    assert stn.load_file(str(out2)).keys() == restored.keys()
+
+
+def test_a_json_write_that_fails_reports_the_os_cause(tmp_path, rng):
+    import resource
+
+    src, out = tmp_path / "big.safetensors", tmp_path / "big.json"
+    stn.save_file({"w": rng.standard_normal((300, 300)).astype(np.float32)}, str(src))
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    args = ["quantize", str(src), "--scheme", "ptq-int8", "-o", str(out)]
+    r = subprocess.run(
+        [sys.executable, "-m", "ferroquant", *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 1
+    assert "File too large" in r.stderr, r.stderr
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["big.safetensors"]
+
+
+def test_ptq_json_layer_names_never_collide(tmp_path, rng):
+    src, out = tmp_path / "m.safetensors", tmp_path / "m.json"
+    tensors = {
+        "x": rng.standard_normal((3, 2)).astype(np.float32),
+        "x.weight": rng.standard_normal((3, 2)).astype(np.float32),
+        "x.bias": np.ones(3, np.float32),
+    }
+    stn.save_file(tensors, str(src))
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "ptq-int8")
+    assert r.returncode == 0, r.stderr
+    layers = {q.name: q for q in fq.QuantizedModel.load(out).layers}
+    assert sorted(layers) == ["x", "x.weight"]
+    assert layers["x"].bias is not None and layers["x.weight"].bias is None

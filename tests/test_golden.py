@@ -106,7 +106,7 @@ def _dynamic_cases(path: Path = DYNAMIC):
 def test_dynamic_golden_file_covers_every_kind():
     cases = [p.values for p in _dynamic_cases()]
     kinds = {p["kind"] for p, _ in cases}
-    assert kinds == {"dynamic", "bitnet", "smooth", "w8a8"}
+    assert kinds == {"dynamic", "bitnet", "smooth", "w8a8", "calib"}
     fmts = {p["format"] for p, _ in cases if p["kind"] == "dynamic"}
     assert fmts == set(_DYN_FUNCS)
     dtypes = {str(a["x"].dtype) for p, a in cases if p["kind"] == "dynamic"}
@@ -119,6 +119,14 @@ def test_wheel_matches_rust_dynamic_bit_for_bit(params, arrays):
         assert np.asarray(got).dtype == want.dtype
         assert np.asarray(got).tobytes() == want.tobytes()
 
+    if params["kind"] == "calib":
+        x = arrays["x"]
+        cuts = np.cumsum(params["sizes"])[:-1]
+        for batches in (np.split(x, cuts), iter(np.split(x, cuts))):  # known and unknown total
+            s = fq.CalibStats.collect(batches)
+            got = [s.min, s.max, s.mean, s.std_dev, s.p99, s.suggested_scale]
+            same(np.array(got, np.float32), arrays["stats"])
+        return
     if params["kind"] == "w8a8":
         w, s, x = arrays["weight"], arrays["scales"], arrays["x"]
         assert w.dtype == np.int8

@@ -468,3 +468,32 @@ def test_ptq_int8_is_registered():
         fq.get_quantizer("ptq-int8", scale=-1.0)
     with pytest.raises(TypeError):
         q.dequantize(fq.quantize_blockwise(x))
+
+
+def test_scales_of_any_real_scalar_type():
+    w = np.ones(4, F32)
+    for s in (ml_dtypes.bfloat16(0.5), np.float16(0.5), np.int64(1), 0.5):
+        assert fq.QuantizedWeights.from_f32("x", w, scale=s).scale == float(F32(s))
+    with pytest.raises(TypeError):
+        fq.QuantizedWeights.from_f32("x", w, scale=1j)
+
+
+def test_the_source_dtype_is_recorded_but_not_part_of_the_value(tmp_path, rng):
+    w = rng.standard_normal((4, 4)).astype(np.float16)
+    q = fq.QuantizedWeights.from_f32("x", w)
+    assert q.dtype == "float16" and "dtype=float16" in repr(q)
+    assert fq.QuantizedWeights.from_bytes(q.to_bytes()).dtype == "float16"
+    m = fq.quantize_model_weights("{}", [("x", w, None, None)])
+    assert fq.QuantizedModel.from_bytes(m.to_bytes()).layers[0].dtype == "float16"
+    m.save(tmp_path / "m.json")  # the seed's JSON has no dtype: read back as float32
+    back = fq.QuantizedModel.load(tmp_path / "m.json")
+    assert back == m and back.layers[0].dtype == "float32"
+    with pytest.raises(fq.InvalidConfigError, match="dtype"):
+        fq.QuantizedWeights("x", np.zeros(1, np.int8), (1,), 1.0, None, "int8")
+
+
+def test_a_bad_json_file_is_named_in_the_error(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{}")
+    with pytest.raises(fq.FormatError, match=r"bad\.json"):
+        fq.QuantizedModel.load(path)

@@ -121,6 +121,8 @@ class Quantized:
         if type(other) is not type(self):
             return NotImplemented
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if not f.compare:
+                continue  # provenance, not part of the value (QuantizedWeights.dtype)
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name in self._arrays:
                 if (a is None or b is None) and a is not b:

@@ -1,12 +1,12 @@
 # Hand-written stub of the native module, checked by `python -m mypy.stubtest`.
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, final
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "CalibAccumulator",
     "__version__",
-    "calib_batch",
     "compute_scale",
     "compute_smooth_factors",
     "dequantize_affine",
@@ -92,9 +92,14 @@ def compute_smooth_factors(
 def smooth_in_place(
     x: npt.NDArray[np.float32], arg: str, factors: npt.NDArray[np.float32], multiply: bool
 ) -> None: ...
-def calib_batch(
-    x: npt.NDArray[np.floating], threshold: int, keep: int
-) -> Tuple[int, float, float, float, float, npt.NDArray[np.uint32], int]: ...
+
+@final
+class CalibAccumulator:
+    def __new__(cls, total: Optional[int] = None) -> CalibAccumulator: ...
+    def count(self) -> int: ...
+    def push(self, batch: npt.NDArray[np.floating]) -> None: ...
+    def finish(self) -> Tuple[float, float, float, float, float, float, bool]: ...
+
 def w8a8_product(
     weight: npt.NDArray[np.int8],
     out_features: int,

@@ -373,9 +373,14 @@ def _quantize_json(
         for n in names
         if len(reader.tensors[n].shape) >= 2 and reader.tensors[n].dtype_tag in _FLOAT_TAGS
     ]
+    # `x.weight` is layer `x`, unless a tensor `x` is a layer of its own.
+    full = set(weights)
+    layer_of = {
+        n: n if _layer_name(n) != n and _layer_name(n) in full else _layer_name(n) for n in weights
+    }
     biases: Dict[str, str] = {}
     for n in weights:
-        b = _layer_name(n) + ".bias"
+        b = layer_of[n] + ".bias"
         t = reader.tensors.get(b)
         if (
             t is not None
@@ -397,7 +402,7 @@ def _quantize_json(
             t0 = time.perf_counter()
             try:
                 q = QuantizedWeights.from_f32(
-                    _layer_name(name), arr, bias=bias, scale=getattr(quantizer, "scale", None)
+                    layer_of[name], arr, bias=bias, scale=getattr(quantizer, "scale", None)
                 )
             except QuantizationError as e:
                 raise CliError(f"tensor {name!r}: {e}") from None
@@ -509,6 +514,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     src = demo_model_path() if args.demo else Path(args.input)
     quantizers, chosen = _compare_schemes(args.schemes)
     if args.json not in (None, "-"):
+        if _same_file(src, Path(args.json)):
+            raise CliError("the --json output must differ from the input file")
         _format_destination(args.json)
     with TensorReader(src) as reader:
         return _compare(args, src, quantizers, chosen, reader)
@@ -603,7 +610,11 @@ def _compare(
         "schemes": rows,
     }
     if args.json is not None:
-        text = json.dumps(summary, indent=2, allow_nan=False, default=str)
+        # JSON has no infinity: an exact scheme's SQNR (no error at all) is null.
+        for row in rows:
+            if not math.isfinite(row["sqnr_db"]):
+                row["sqnr_db"] = None
+        text = json.dumps(summary, indent=2, allow_nan=False)
         if args.json == "-":
             print(text)
         else:
@@ -689,6 +700,20 @@ def _inspect(reader: TensorReader) -> int:
                 ]
             )
             total += value.nbytes
+        elif isinstance(value, QuantizedModel):
+            rows.append(
+                [
+                    _shown(name),
+                    value.label,
+                    "float32",
+                    f"{len(value.layers)} layers",
+                    _fmt_bytes(value.nbytes),
+                    f"{value.compression_ratio():.2f}x",
+                ]
+            )
+            total += value.nbytes
+        elif not hasattr(value, "shape"):  # statistics (CalibStats, LayerCalibration)
+            rows.append([_shown(name), value.label, "-", "-", _fmt_bytes(value.nbytes), "-"])
         else:
             rows.append(
                 [
@@ -711,8 +736,24 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
     src, out = Path(args.input), Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
+    if str(src).lower().endswith(".json"):
+        model = QuantizedModel.load(src)
+        with StreamingWriter(out, {}) as writer:
+            n = _add_model(writer, model)
+        print(f"dequantized {n} layers into {os.fspath(out)}")
+        return 0
     with TensorReader(src) as reader:
         return _dequantize(reader, out)
+
+
+def _add_model(writer: StreamingWriter, model: QuantizedModel) -> int:
+    """Each layer's float32 weight as ``<layer>.weight`` and its bias as ``<layer>.bias``
+    (the names ``quantize --scheme ptq-int8 -o OUT.json`` took them from)."""
+    for q in model.layers:
+        writer.add(q.name + ".weight", q.dequantize())
+        if q.bias is not None:
+            writer.add(q.name + ".bias", q.bias)
+    return len(model.layers)
 
 
 def _dequantize(reader: TensorReader, out: Path) -> int:
@@ -724,6 +765,16 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
     n = 0
     with StreamingWriter(out, meta) as writer:
         for name, value in reader.entries():
+            if isinstance(value, QuantizedModel):
+                n += _add_model(writer, value)
+                continue
+            if not isinstance(value, np.ndarray) and not hasattr(value, "dequantize"):
+                print(
+                    f"ferroquant: warning: {_shown(name)}: a {type(value).__name__} holds "
+                    "statistics, not a tensor: left out",
+                    file=sys.stderr,
+                )
+                continue
             if not isinstance(value, np.ndarray):
                 restored = value.dequantize()
                 # Back to the dtype the tensor was quantized from (float16 stays float16).

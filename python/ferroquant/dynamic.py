@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, List, Tuple, Union
+from typing import Any, ClassVar, Tuple, Union
 
 import numpy as np
 
@@ -470,15 +470,6 @@ class CalibStats(Quantized):
         return _collect(batches)
 
 
-def _percentile_rank(p: float, n: int) -> int:
-    return min(max(math.ceil(p * n) - 1, 0), n - 1)
-
-
-def _needed(n: int) -> int:
-    """How many of the largest |x| the p99 of ``n`` values is among."""
-    return n - _percentile_rank(0.99, n) if n else 0
-
-
 def _size(batch: Any, k: int) -> int:
     try:
         return math.prod(np.shape(batch))
@@ -487,93 +478,41 @@ def _size(batch: Any, k: int) -> int:
 
 
 def _collect(batches: Any) -> CalibStats:
+    """Stream the batches through the crate's ``CalibAccumulator`` (which keeps the
+    running sums and only the largest |x| the exact p99 can still need)."""
     if isinstance(batches, (np.ndarray, np.generic)):
         batches = (batches,)  # one batch, not one per row (or per scalar): same statistics
     sized = isinstance(batches, (list, tuple))
     total = sum(_size(b, k) for k, b in enumerate(batches)) if sized else None
-    n = 0
-    lo, hi = np.float32(np.inf), np.float32(-np.inf)
-    mean, m2 = 0.0, 0.0
-    kept = np.zeros(0, np.uint32)  # bit patterns of the largest |x| seen
-    pending: List[np.ndarray] = []  # candidates not merged into `kept` yet
-    waiting = 0
-    threshold = 0  # below the smallest kept value once `kept` was full
-    dropped = -1  # the largest |x| bit pattern let go of (-1: none)
-    keep = 0
-
-    def compact() -> None:
-        nonlocal kept, pending, waiting, threshold, dropped
-        both = np.concatenate([kept, *pending]) if pending else kept
-        pending, waiting = [], 0
-        if both.size > keep:
-            cut = both.size - keep
-            part = np.partition(both, cut - 1)
-            dropped = max(dropped, int(part[cut - 1]))
-            both = part[cut:].copy()
-        kept = both
-        threshold = int(kept.min()) if kept.size and kept.size >= keep else 0
-
+    acc = _native.CalibAccumulator(total)
     for k, batch in enumerate(batches):
         try:
             arr = float_input(batch, f"batches[{k}]")
         except ValueError as e:  # ragged nested lists
             raise TypeError(f"batches[{k}] must be a floating array: {e}") from None
-        if arr.size == 0:
-            continue
-        # Keep the largest |x| the final p99 can need: exactly that many when the
-        # total is known up front, else twice what the count so far needs.
-        keep = _needed(total) if total is not None else 2 * _needed(n + arr.size) + 1024
+        before = acc.count()
         try:
-            b, b_lo, b_hi, b_mean, b_m2, cand, below = _native.calib_batch(arr, threshold, keep)
+            acc.push(arr)
         except NonFiniteError as e:
             i = e.index or 0
             raise NonFiniteError(
-                f"batches[{k}] holds a non-finite value (NaN or ±inf) at flat index {i} "
-                f"(index {n + i} over all batches)",
-                n + i,
+                f"batches[{k}] holds a non-finite value (NaN or ±inf) at flat index "
+                f"{i - before} (index {i} over all batches)",
+                i,
             ) from None
-        if below:
-            dropped = max(dropped, int(below))
-        lo, hi = min(lo, np.float32(b_lo)), max(hi, np.float32(b_hi))
-        # Chan et al.'s pairwise update of the mean and the sum of squared deviations.
-        delta = b_mean - mean
-        mean += delta * b / (n + b)
-        m2 += b_m2 + delta * delta * n * b / (n + b)
-        n += b
-        if cand.size:
-            pending.append(cand)
-            waiting += cand.size
-        # Merge only once the candidates outnumber what is kept: linear overall.
-        if waiting > keep + 4096:
-            compact()
-    compact()
-    if n == 0:
-        return CalibStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    m = _needed(n)
-    exact = kept.size >= m
-    bits = int(np.partition(kept, kept.size - m)[kept.size - m]) if exact else -1
-    if bits < dropped:
-        # A value let go of may rank higher than p99: return the upper bound.
+    lo, hi, mean, std, p99, suggested, exact = acc.finish()
+    if not exact:
         warn(
             "CalibStats.collect: the batches grew so much after the first ones that "
             "values the exact p99 needs were let go; the p99 returned is an upper bound. "
             "Pass a list of batches (its total size is read first) to get the exact value",
             PrecisionWarning,
         )
-        bits = dropped
-    p99 = np.uint32(bits).view(np.float32)
-    max_abs = max(abs(lo), abs(hi))
-    if p99 > 0:
-        suggested = np.float32(p99) / np.float32(127)
-    elif max_abs > 0:
-        suggested = np.float32(max_abs) / np.float32(127)
-    else:
-        suggested = np.float32(1) / np.float32(127)
     return CalibStats(
         min=float(lo),
         max=float(hi),
-        mean=float(np.float32(mean)),
-        std_dev=float(np.float32(math.sqrt(max(m2, 0.0) / n))),
+        mean=float(mean),
+        std_dev=float(std),
         p99=float(p99),
         suggested_scale=float(suggested),
     )

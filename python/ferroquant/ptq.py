@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -23,7 +23,15 @@ import numpy as np
 from . import _ferroquant as _native
 from . import _format
 from ._base import Quantized
-from ._checks import describe, float_input, held, is_array_of, readonly, shape_tuple
+from ._checks import (
+    describe,
+    float_input,
+    held,
+    is_array_of,
+    readonly,
+    shape_tuple,
+    source_dtype,
+)
 from .errors import FormatError, InvalidConfigError, NonFiniteError, ShapeMismatchError
 
 __all__ = [
@@ -56,14 +64,14 @@ def _text(value: Any, arg: str) -> str:
 def _f32(value: Any, arg: str, positive: bool = False) -> float:
     """``value`` rounded to float32, as a Python float; InvalidConfigError unless
     finite (and > 0 when ``positive``) in float32."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.floating, np.integer)
-    ):
+    if isinstance(value, (bool, np.bool_, str, bytes, np.ndarray)):
         raise TypeError(f"{arg} must be a number, got {type(value).__name__}")
     try:
-        f = float(value)
+        f = float(value)  # any real scalar: int, float, NumPy and ml_dtypes scalars
     except OverflowError:
         f = math.inf
+    except (TypeError, ValueError):
+        raise TypeError(f"{arg} must be a number, got {type(value).__name__}") from None
     with np.errstate(over="ignore"):
         v = float(np.float32(f))
     if not math.isfinite(v):
@@ -160,6 +168,9 @@ class QuantizedWeights(Quantized):
         shape: the weight's shape; ``n`` is its product.
         scale: the float32 scale (finite).
         bias: ``float32[shape[0]]`` or ``None``.
+        dtype: the dtype the weight had (``from_f32`` records it; ``ferroquant
+            dequantize`` restores it). Not one of the seed's fields: not compared by
+            ``==`` and not in the seed's JSON (a layer read from ``.json`` says float32).
     """
 
     name: str
@@ -167,11 +178,12 @@ class QuantizedWeights(Quantized):
     shape: Tuple[int, ...]
     scale: float
     bias: Optional[np.ndarray] = None
+    dtype: str = field(default="float32", compare=False)
 
     scheme: ClassVar[str] = "ptq-int8"
     _arrays: ClassVar[Tuple[str, ...]] = ("weights_i8", "bias")
     _optional: ClassVar[Tuple[str, ...]] = ("bias",)
-    _params: ClassVar[Tuple[str, ...]] = ("name", "shape", "scale")
+    _params: ClassVar[Tuple[str, ...]] = ("name", "shape", "scale", "dtype")
 
     def __post_init__(self) -> None:
         name = _text(self.name, "name")
@@ -190,6 +202,7 @@ class QuantizedWeights(Quantized):
             if not is_array_of(bias, np.float32):
                 raise TypeError(f"bias must be a float32 array or None, got {describe(bias)}")
             bias = _check_bias(bias, shape)
+        object.__setattr__(self, "dtype", source_dtype(self.dtype))
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "weights_i8", held(w).reshape(-1))
         object.__setattr__(self, "shape", shape)
@@ -238,7 +251,12 @@ class QuantizedWeights(Quantized):
                 b = _check_bias(b_arr.astype(np.float32), dims)
         codes, s_used = _native.ptq_quantize(arr, s)
         return cls._trusted(
-            name=name, weights_i8=readonly(codes), shape=dims, scale=float(s_used), bias=b
+            name=name,
+            weights_i8=readonly(codes),
+            shape=dims,
+            scale=float(s_used),
+            bias=b,
+            dtype=source_dtype(arr.dtype),
         )
 
     @property
@@ -280,7 +298,8 @@ class QuantizedWeights(Quantized):
         return _f32_ratio(self.original_size_bytes(), self.size_bytes())
 
     def _repr_fields(self) -> str:
-        return f"name={self.name!r}, scale={self.scale:g}, bias={self.bias is not None}"
+        src = "" if self.dtype == "float32" else f", dtype={self.dtype}"
+        return f"name={self.name!r}, scale={self.scale:g}, bias={self.bias is not None}{src}"
 
 
 class Calibrator:
@@ -459,7 +478,11 @@ class QuantizedModel(Quantized):
         """
         if _is_json_path(path):
             with open(path, "rb") as f:
-                return cls.from_json(f.read())
+                data = f.read()
+            try:
+                return cls.from_json(data)
+            except FormatError as e:
+                raise FormatError(f"{os.fspath(path)!s}: {e}") from None
         from .serialization import load
 
         values = load(path)
@@ -480,7 +503,13 @@ class QuantizedModel(Quantized):
             "biases": np.concatenate(biases) if biases else np.empty(0, np.float32),
         }
         layers = [
-            {"name": q.name, "shape": list(q.shape), "scale": q.scale, "bias": q.bias is not None}
+            {
+                "name": q.name,
+                "shape": list(q.shape),
+                "scale": q.scale,
+                "bias": q.bias is not None,
+                "dtype": q.dtype,
+            }
             for q in self.layers
         ]
         params = {
@@ -518,8 +547,8 @@ class QuantizedModel(Quantized):
         layers = []
         at = bat = 0
         for i, spec in enumerate(specs):
-            if not isinstance(spec, dict) or set(spec) != {"name", "shape", "scale", "bias"}:
-                raise ValueError(f"layers[{i}] must be an object with name, shape, scale, bias")
+            if not isinstance(spec, dict) or set(spec) != _LAYER_KEYS:
+                raise ValueError(f"layers[{i}] must be an object with {sorted(_LAYER_KEYS)}")
             shape = shape_tuple(spec["shape"], f"layers[{i}].shape")
             n = math.prod(shape)
             has_bias = spec["bias"]
@@ -529,8 +558,9 @@ class QuantizedModel(Quantized):
             if at + n > codes.size or bat + nb > biases.size:
                 raise ValueError(f"layers[{i}] runs past the stored arrays")
             bias = biases[bat : bat + nb] if has_bias else None
+            codes_i = codes[at : at + n]
             layers.append(
-                QuantizedWeights(spec["name"], codes[at : at + n], shape, spec["scale"], bias)
+                QuantizedWeights(spec["name"], codes_i, shape, spec["scale"], bias, spec["dtype"])
             )
             at, bat = at + n, bat + nb
         if at != codes.size or bat != biases.size:
@@ -542,6 +572,10 @@ class QuantizedModel(Quantized):
             params["total_quantized_bytes"],
             params["total_fp32_bytes"],
         )
+
+
+#: The keys of a layer in a native QuantizedModel entry.
+_LAYER_KEYS = frozenset({"name", "shape", "scale", "bias", "dtype"})
 
 
 def _ro(arr: Optional[np.ndarray]) -> Optional[np.ndarray]:

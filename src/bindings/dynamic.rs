@@ -7,7 +7,7 @@ use super::errors::to_pyerr;
 use crate::ops::dynamic::{self as dq, DynCodes, DynCodesMut, DynFormat, ScaleMode};
 use crate::ops::pack::packed_len;
 use crate::ops::{bitnet, calib};
-use numpy::{IntoPyArray, PyArray1};
+use numpy::PyArray1;
 use pyo3::prelude::*;
 
 fn mode(py: Python<'_>, p: Option<f64>) -> PyResult<ScaleMode> {
@@ -153,25 +153,57 @@ pub(crate) fn quantize_bitnet<'py>(
     })
 }
 
-type CalibBatch<'py> = (u64, f32, f32, f64, f64, Bound<'py, PyArray1<u32>>, u32);
+/// `CalibStats.collect`'s state: `ops::calib::CalibAccumulator` behind a
+/// Python object, one batch per `push` (the GIL released around it).
+#[pyclass(module = "ferroquant._ferroquant")]
+pub(crate) struct CalibAccumulator {
+    inner: Option<calib::CalibAccumulator>,
+}
 
-/// One batch's calibration statistics: `(n, min, max, mean, m2, candidates,
-/// below_max)`, `candidates` the uint32 bit patterns of every `|x|` at or above
-/// `threshold` (at most the `keep` largest of them), `below_max` the largest
-/// left out.
-#[pyfunction]
-#[pyo3(signature = (x, threshold, keep))]
-pub(crate) fn calib_batch<'py>(
-    py: Python<'py>,
-    x: &Bound<'py, PyAny>,
-    threshold: u32,
-    keep: usize,
-) -> PyResult<CalibBatch<'py>> {
-    let x = FloatArray::extract("x", x)?;
-    let s = with_float_slice!(x, xs => py.detach(|| calib::batch_stats(xs, threshold, keep)))
-        .map_err(|e| to_pyerr(py, e))?;
-    let c = s.candidates.into_pyarray(py);
-    Ok((s.n, s.min, s.max, s.mean, s.m2, c, s.below_max))
+/// `(min, max, mean, std_dev, p99, suggested_scale, exact)`.
+type CalibResult = (f32, f32, f32, f32, f32, f32, bool);
+
+#[pymethods]
+impl CalibAccumulator {
+    #[new]
+    #[pyo3(signature = (total=None))]
+    fn new(total: Option<u64>) -> Self {
+        CalibAccumulator {
+            inner: Some(calib::CalibAccumulator::new(total)),
+        }
+    }
+
+    /// Values seen so far.
+    fn count(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |a| a.count())
+    }
+
+    /// Add one C-contiguous float batch (`NonFiniteError` indexes all batches).
+    fn push(&mut self, py: Python<'_>, batch: &Bound<'_, PyAny>) -> PyResult<()> {
+        let acc = self.inner.as_mut().ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("the accumulator is finished")
+        })?;
+        let x = FloatArray::extract("batch", batch)?;
+        with_float_slice!(x, xs => py.detach(|| acc.push(xs))).map_err(|e| to_pyerr(py, e))
+    }
+
+    /// The statistics; the accumulator is spent.
+    fn finish(&mut self) -> PyResult<CalibResult> {
+        let acc = self.inner.take().ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("the accumulator is finished")
+        })?;
+        let out = acc.finish();
+        let s = out.stats;
+        Ok((
+            s.min,
+            s.max,
+            s.mean,
+            s.std_dev,
+            s.p99,
+            s.suggested_scale,
+            out.exact,
+        ))
+    }
 }
 
 /// Register this family's functions.
@@ -180,6 +212,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quantize_dynamic, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize_groups, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_bitnet, m)?)?;
-    m.add_function(wrap_pyfunction!(calib_batch, m)?)?;
+    m.add_class::<CalibAccumulator>()?;
     Ok(())
 }

@@ -6,6 +6,7 @@ use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
 use crate::ops::ptq::{self, QuantizedModel, QuantizedModelRef, QuantizedWeightsRef};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArrayDyn};
+use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -100,16 +101,27 @@ pub(crate) fn ptq_write_json<'py>(
             Ok(Some(PyBytes::new(py, &buf)))
         }
         Some(path) => {
-            let written = py.detach(|| -> std::io::Result<crate::Result<()>> {
-                let file = std::fs::File::create(&path)?;
-                let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-                let r = model.write_json(&mut w);
-                std::io::Write::flush(&mut w)?;
-                Ok(r)
-            })?;
+            let written = py
+                .detach(|| -> std::io::Result<crate::Result<()>> {
+                    let file = std::fs::File::create(&path)?;
+                    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+                    let r = model.write_json(&mut w);
+                    std::io::Write::flush(&mut w)?;
+                    Ok(r)
+                })
+                .map_err(os_error)?;
             written.map_err(|e| to_pyerr(py, e))?;
             Ok(None)
         }
+    }
+}
+
+/// An `OSError` carrying the OS error number (so Python picks the subclass and
+/// reports the cause: `File too large`, `No space left on device`).
+fn os_error(e: std::io::Error) -> PyErr {
+    match e.raw_os_error() {
+        Some(code) => PyOSError::new_err((code, e.kind().to_string())),
+        None => PyErr::from(e),
     }
 }
 

@@ -181,6 +181,229 @@ pub fn batch_stats<T: Float>(x: &[T], threshold: u32, keep: usize) -> Result<Bat
     })
 }
 
+/// Seed 002's calibration statistics over every value of every batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CalibStats {
+    /// The exact smallest value.
+    pub min: f32,
+    /// The exact largest value.
+    pub max: f32,
+    /// Population mean, accumulated in f64, rounded once.
+    pub mean: f32,
+    /// Population standard deviation, accumulated in f64, rounded once.
+    pub std_dev: f32,
+    /// The exact `|x|` of rank `ceil(0.99·n) − 1` (see [`CalibOutcome::exact`]).
+    pub p99: f32,
+    /// `p99 / 127`, else `max|x| / 127`, else `1 / 127`.
+    pub suggested_scale: f32,
+}
+
+/// What [`CalibAccumulator::finish`] returns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CalibOutcome {
+    /// The statistics (all zero for no values).
+    pub stats: CalibStats,
+    /// Whether `p99` is exact. Only a stream of unknown total length whose later
+    /// batches grew far past the earlier ones can make it an upper bound: values
+    /// it might have needed were let go to keep memory bounded.
+    pub exact: bool,
+}
+
+impl CalibStats {
+    /// The statistics of all values of `batches` (the total is known, so the
+    /// p99 is always exact).
+    ///
+    /// Errors: `NonFinite` naming `batches` and the flat index over all batches.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ferroquant::QuantError> {
+    /// use ferroquant::ops::calib::CalibStats;
+    ///
+    /// let a: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    /// let s = CalibStats::collect(&[&a[..60], &a[60..]])?;
+    /// assert_eq!((s.min, s.max, s.mean, s.p99), (0.0, 99.0, 49.5, 98.0));
+    /// assert_eq!(s.suggested_scale, 98.0 / 127.0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn collect<T: Float>(batches: &[&[T]]) -> Result<CalibStats> {
+        let total = batches.iter().map(|b| b.len() as u64).sum();
+        let mut acc = CalibAccumulator::new(Some(total));
+        for b in batches {
+            acc.push(b)?;
+        }
+        Ok(acc.finish().stats)
+    }
+}
+
+/// The number of largest `|x|` the p99 of `n` values is among.
+fn needed(n: u64) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    (n - crate::ops::dynamic::percentile_rank(0.99, n as usize) as u64) as usize
+}
+
+/// Streams batches into [`CalibStats`], holding the running sums and only the
+/// largest `|x|` the exact p99 can still need.
+///
+/// With the total length known up front exactly that many are kept; without
+/// it, twice what the count so far needs (plus 1024), merged only when the
+/// waiting candidates outnumber them, so the work stays linear.
+#[derive(Debug, Clone)]
+pub struct CalibAccumulator {
+    total: Option<u64>,
+    n: u64,
+    lo: f32,
+    hi: f32,
+    mean: f64,
+    m2: f64,
+    kept: Vec<u32>,
+    pending: Vec<u32>,
+    keep: usize,
+    threshold: u32,
+    /// The largest `|x|` bit pattern let go of (-1: none).
+    dropped: i64,
+}
+
+impl CalibAccumulator {
+    /// An empty accumulator; `total`: the number of values to come, if known.
+    pub fn new(total: Option<u64>) -> Self {
+        CalibAccumulator {
+            total,
+            n: 0,
+            lo: f32::INFINITY,
+            hi: f32::NEG_INFINITY,
+            mean: 0.0,
+            m2: 0.0,
+            kept: Vec::new(),
+            pending: Vec::new(),
+            keep: 0,
+            threshold: 0,
+            dropped: -1,
+        }
+    }
+
+    /// Values seen so far.
+    pub fn count(&self) -> u64 {
+        self.n
+    }
+
+    /// Add one batch (read as f32). On error nothing is added.
+    ///
+    /// Errors: `NonFinite` naming `batches` and the flat index over all batches
+    /// so far (the batch's own index is that minus [`count`](Self::count)).
+    pub fn push<T: Float>(&mut self, batch: &[T]) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let len = batch.len() as u64;
+        let keep = match self.total {
+            Some(total) => needed(total),
+            None => 2 * needed(self.n + len) + 1024,
+        };
+        let b = batch_stats(batch, self.threshold, keep).map_err(|e| match e {
+            QuantError::NonFinite { index, .. } => QuantError::NonFinite {
+                arg: "batches",
+                index: self.n as usize + index,
+            },
+            other => other,
+        })?;
+        self.keep = keep;
+        if b.below_max != 0 {
+            self.dropped = self.dropped.max(b.below_max as i64);
+        }
+        // Ties keep the earlier value (as `min`/`max` over the batches in order).
+        if b.min < self.lo {
+            self.lo = b.min;
+        }
+        if b.max > self.hi {
+            self.hi = b.max;
+        }
+        // Chan et al.'s pairwise update of the mean and the sum of squared deviations.
+        let (n, bn) = (self.n as f64, b.n as f64);
+        let delta = b.mean - self.mean;
+        self.mean += delta * bn / (n + bn);
+        self.m2 += b.m2 + delta * delta * n * bn / (n + bn);
+        self.n += b.n;
+        self.pending.extend_from_slice(&b.candidates);
+        if self.pending.len() > keep + 4096 {
+            self.compact();
+        }
+        Ok(())
+    }
+
+    /// Merge the waiting candidates into the kept ones, keeping the `keep` largest.
+    fn compact(&mut self) {
+        let mut both = std::mem::take(&mut self.kept);
+        both.append(&mut self.pending);
+        if both.len() > self.keep {
+            let cut = both.len() - self.keep;
+            let (_, pivot, _) = both.select_nth_unstable(cut - 1);
+            self.dropped = self.dropped.max(*pivot as i64);
+            both.drain(..cut);
+        }
+        self.threshold = match both.iter().min() {
+            Some(&m) if both.len() >= self.keep => m,
+            _ => 0,
+        };
+        self.kept = both;
+    }
+
+    /// The statistics of everything pushed.
+    pub fn finish(mut self) -> CalibOutcome {
+        self.compact();
+        if self.n == 0 {
+            let zero = CalibStats {
+                min: 0.0,
+                max: 0.0,
+                mean: 0.0,
+                std_dev: 0.0,
+                p99: 0.0,
+                suggested_scale: 0.0,
+            };
+            return CalibOutcome {
+                stats: zero,
+                exact: true,
+            };
+        }
+        let m = needed(self.n);
+        let mut bits: i64 = -1;
+        if self.kept.len() >= m {
+            let at = self.kept.len() - m;
+            bits = *self.kept.select_nth_unstable(at).1 as i64;
+        }
+        let exact = bits >= self.dropped;
+        if !exact {
+            bits = self.dropped;
+        }
+        let p99 = f32::from_bits(bits as u32);
+        let max_abs = if self.hi.abs() > self.lo.abs() {
+            self.hi.abs()
+        } else {
+            self.lo.abs()
+        };
+        let suggested_scale = if p99 > 0.0 {
+            p99 / 127.0
+        } else if max_abs > 0.0 {
+            max_abs / 127.0
+        } else {
+            1.0 / 127.0
+        };
+        CalibOutcome {
+            stats: CalibStats {
+                min: self.lo,
+                max: self.hi,
+                mean: self.mean as f32,
+                std_dev: (self.m2.max(0.0) / self.n as f64).sqrt() as f32,
+                p99,
+                suggested_scale,
+            },
+            exact,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +428,48 @@ mod tests {
             Err(QuantError::NonFinite { index: 1, .. })
         ));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod accumulator_tests {
+    use super::*;
+
+    fn exact_p99(values: &[f32]) -> f32 {
+        let mut a: Vec<f32> = values.iter().map(|v| v.abs()).collect();
+        a.sort_by(f32::total_cmp);
+        a[crate::ops::dynamic::percentile_rank(0.99, a.len())]
+    }
+
+    #[test]
+    fn a_stream_of_unknown_length_gives_the_exact_p99() -> Result<()> {
+        let values: Vec<f32> = (0..200_000u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) as f32 / 65536.0) - 128.0)
+            .collect();
+        let mut acc = CalibAccumulator::new(None);
+        for b in values.chunks(7_000) {
+            acc.push(b)?;
+        }
+        let out = acc.finish();
+        assert!(out.exact);
+        assert_eq!(out.stats.p99, exact_p99(&values));
+        let known = CalibStats::collect(&values.chunks(7_000).collect::<Vec<_>>())?;
+        assert_eq!(known, out.stats);
+        Ok(())
+    }
+
+    #[test]
+    fn errors_name_the_index_over_all_batches() {
+        let a = [1.0f32; 10];
+        let b = [0.0f32, f32::INFINITY];
+        assert_eq!(
+            CalibStats::collect(&[&a[..], &b[..]]),
+            Err(QuantError::NonFinite {
+                arg: "batches",
+                index: 11
+            })
+        );
+        let none: [&[f32]; 0] = [];
+        assert_eq!(CalibStats::collect(&none).unwrap().suggested_scale, 0.0);
     }
 }
