@@ -12,8 +12,8 @@
 use ferroquant::ops::bitnet::quantize_activations;
 use ferroquant::ops::calib::CalibStats;
 use ferroquant::ops::dynamic::{
-    compute_scale, dequantize_groups, dynamic_quantize, num_scales, DynCodes, DynCodesMut,
-    DynFormat, ScaleMode,
+    compute_scale, dequantize_groups, dynamic_quantize, num_scales, quantization_mae, DynCodes,
+    DynCodesMut, DynFormat, ScaleMode,
 };
 use ferroquant::ops::pack::packed_len;
 use ferroquant::ops::smooth::{compute_smooth_factors, SmoothQuantConfig};
@@ -85,6 +85,8 @@ fn dynamic<T: Le>(
         (Dtype::I8, vec![n], d.iter().map(|&v| v as u8).collect())
     };
     let scale127 = compute_scale(x, 127.0, m).unwrap();
+    let mae = quantization_mae(x, &deq).unwrap();
+    out.push((format!("c{i}.mae"), Dtype::F32, vec![], bytes(&[mae])));
     out.push((format!("c{i}.x"), T::DTYPE, shape.to_vec(), bytes(x)));
     out.push((format!("c{i}.data"), data.0, data.1, data.2));
     out.push((format!("c{i}.scales"), Dtype::F32, vec![s.len()], bytes(&s)));

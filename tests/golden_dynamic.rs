@@ -5,8 +5,8 @@
 use ferroquant::ops::bitnet::quantize_activations;
 use ferroquant::ops::calib::CalibStats;
 use ferroquant::ops::dynamic::{
-    compute_scale, dequantize_groups, dynamic_quantize, num_scales, DynCodes, DynCodesMut,
-    DynFormat, ScaleMode,
+    compute_scale, dequantize_groups, dynamic_quantize, num_scales, quantization_mae, DynCodes,
+    DynCodesMut, DynFormat, ScaleMode,
 };
 use ferroquant::ops::pack::packed_len;
 use ferroquant::ops::smooth::{compute_smooth_factors, SmoothQuantConfig};
@@ -62,6 +62,8 @@ fn check_dynamic<T: Float>(
     assert_eq!(f32s(&deq), field(st, case, "deq"), "{case} deq");
     let s127 = compute_scale(x, 127.0, m).unwrap();
     assert_eq!(f32s(&[s127]), field(st, case, "scale127"), "{case} scale");
+    let mae = quantization_mae(x, &deq).unwrap();
+    assert_eq!(f32s(&[mae]), field(st, case, "mae"), "{case} mae");
 }
 
 fn with_input(st: &SafeTensors<'_>, case: &str, run: &mut dyn FnMut(Input)) {

@@ -150,6 +150,7 @@ def test_wheel_matches_rust_dynamic_bit_for_bit(params, arrays):
     same(q.scales, arrays["scales"])
     same(q.dequantize(), arrays["deq"])
     same(np.float32(fq.compute_scale(x, 127.0, mode)), arrays["scale127"])
+    same(np.float32(fq.quantization_mae(x, q)), arrays["mae"])
 
 
 PTQ = Path(__file__).parent / "golden" / "ptq.safetensors"

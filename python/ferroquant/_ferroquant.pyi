@@ -24,6 +24,8 @@ __all__ = [
     "ptq_range",
     "ptq_read_json",
     "ptq_write_json",
+    "quantization_mae",
+    "quantization_stats",
     "quantize_affine",
     "quantize_bitnet",
     "quantize_blockwise",
@@ -138,3 +140,9 @@ def ptq_write_json(
 def ptq_read_json(
     data: bytes,
 ) -> Tuple[str, str, int, int, List[Tuple[str, npt.NDArray[np.int8], List[int], float, Any]]]: ...
+def quantization_mae(
+    original: npt.NDArray[np.generic], restored: npt.NDArray[np.float32]
+) -> float: ...
+def quantization_stats(
+    shapes: List[List[int]], bits: int, mode: str, granularity: str
+) -> Tuple[int, int, int, int, float]: ...

@@ -538,18 +538,6 @@ def quantization_stats(
     ``ceil(numel / 2)``) plus 16 bytes of metadata (``16 * shape[0]`` per channel),
     any other stays float32.
     """
-    num_q = num_f = fp32 = qbytes = 0
-    for _, value in _named(params, config):
-        shape = value.shape
-        numel = int(math.prod(shape))
-        fp32 += numel * 4
-        if len(shape) >= 2:
-            num_q += 1
-            size = numel if config.bits == 8 else -(-numel // 2)
-            meta = 16 * shape[0] if config.granularity == "per_channel" else 16
-            qbytes += size + meta
-        else:
-            num_f += 1
-            qbytes += numel * 4
-    ratio = float(fp32) / float(qbytes) if qbytes > 0 else 1.0
-    return QuantStats(num_q, num_f, fp32, qbytes, ratio)
+    shapes = [list(value.shape) for _, value in _named(params, config)]
+    stats = _native.quantization_stats(shapes, config.bits, config.mode, config.granularity)
+    return QuantStats(*stats)

@@ -136,5 +136,27 @@ pub(crate) fn dequantize_affine<'py>(
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quantize_affine, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize_affine, m)?)?;
+    m.add_function(wrap_pyfunction!(quantization_stats, m)?)?;
     Ok(())
+}
+
+/// Seed 001's `quantization_stats` over parameter shapes: `(num_quantized,
+/// num_fp32, fp32_bytes, quantized_bytes, compression_ratio)`.
+#[pyfunction]
+pub(crate) fn quantization_stats(
+    py: Python<'_>,
+    shapes: Vec<Vec<usize>>,
+    bits: u32,
+    mode: &str,
+    granularity: &str,
+) -> PyResult<(usize, usize, usize, usize, f64)> {
+    let config = QuantConfig::from_names(bits, mode, granularity).map_err(|e| to_pyerr(py, e))?;
+    let s = af::quantization_stats(shapes.iter().map(Vec::as_slice), &config);
+    Ok((
+        s.num_quantized,
+        s.num_fp32,
+        s.fp32_bytes,
+        s.quantized_bytes,
+        s.compression_ratio,
+    ))
 }

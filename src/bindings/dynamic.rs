@@ -153,6 +153,20 @@ pub(crate) fn quantize_bitnet<'py>(
     })
 }
 
+/// Seed 002's `quantization_mae` of the flat `original` against the flat float32 `restored`.
+#[pyfunction]
+pub(crate) fn quantization_mae(
+    py: Python<'_>,
+    original: &Bound<'_, PyAny>,
+    restored: &Bound<'_, PyAny>,
+) -> PyResult<f32> {
+    let r = exact::<f32>("restored", "float32", restored)?;
+    let rs = r.as_slice()?;
+    let x = FloatArray::extract("original", original)?;
+    with_float_slice!(x, xs => py.detach(|| dq::quantization_mae(xs, rs)))
+        .map_err(|e| to_pyerr(py, e))
+}
+
 /// `CalibStats.collect`'s state: `ops::calib::CalibAccumulator` behind a
 /// Python object, one batch per `push` (the GIL released around it).
 #[pyclass(module = "ferroquant._ferroquant")]
@@ -213,5 +227,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dequantize_groups, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_bitnet, m)?)?;
     m.add_class::<CalibAccumulator>()?;
+    m.add_function(wrap_pyfunction!(quantization_mae, m)?)?;
     Ok(())
 }

@@ -240,6 +240,72 @@ fn affine(config: &QuantConfig, range: Option<(f64, f64)>, scale: f64, zp: f64) 
     }
 }
 
+/// Seed 001's `QuantStats`: what quantizing a model's parameters would save.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuantStats {
+    /// Parameters of rank >= 2 (quantized).
+    pub num_quantized: usize,
+    /// Other parameters (kept in f32).
+    pub num_fp32: usize,
+    /// 4 bytes an element of every parameter.
+    pub fp32_bytes: usize,
+    /// Code bytes plus 16 bytes of metadata a group, and 4 bytes an element of the rest.
+    pub quantized_bytes: usize,
+    /// `fp32_bytes / quantized_bytes` in f64 (1.0 when nothing is held).
+    pub compression_ratio: f64,
+}
+
+/// Seed 001's `quantization_stats` over parameter shapes, without quantizing:
+/// a parameter of rank >= 2 counts its code bytes (`numel`, or `ceil(numel / 2)`
+/// for int4) plus 16 bytes of metadata (`16 · shape[0]` per channel); any other
+/// stays f32.
+///
+/// ```
+/// use ferroquant::ops::affine::{quantization_stats, QuantConfig};
+///
+/// let shapes: [&[usize]; 2] = [&[256, 128], &[256]];
+/// let s = quantization_stats(shapes, &QuantConfig::int8());
+/// assert_eq!((s.num_quantized, s.num_fp32), (1, 1));
+/// assert_eq!(s.quantized_bytes, 256 * 128 + 16 + 256 * 4);
+/// ```
+pub fn quantization_stats<'a>(
+    shapes: impl IntoIterator<Item = &'a [usize]>,
+    config: &QuantConfig,
+) -> QuantStats {
+    let (mut num_quantized, mut num_fp32, mut fp32_bytes, mut quantized_bytes) = (0, 0, 0, 0);
+    for shape in shapes {
+        let numel: usize = shape.iter().product();
+        fp32_bytes += numel * 4;
+        if shape.len() >= 2 {
+            num_quantized += 1;
+            let size = match config.bits {
+                Bits::Int8 => numel,
+                Bits::Int4 => numel.div_ceil(2),
+            };
+            let meta = match config.granularity {
+                Granularity::PerChannel => 16 * shape[0],
+                Granularity::PerTensor => 16,
+            };
+            quantized_bytes += size + meta;
+        } else {
+            num_fp32 += 1;
+            quantized_bytes += numel * 4;
+        }
+    }
+    let compression_ratio = if quantized_bytes > 0 {
+        fp32_bytes as f64 / quantized_bytes as f64
+    } else {
+        1.0
+    };
+    QuantStats {
+        num_quantized,
+        num_fp32,
+        fp32_bytes,
+        quantized_bytes,
+        compression_ratio,
+    }
+}
+
 /// Where quantized codes go.
 #[derive(Debug)]
 pub enum CodesMut<'a> {

@@ -502,6 +502,41 @@ pub fn dynamic_quantize_with<T: Float>(
     }
 }
 
+/// Seed 002's `quantization_mae`: the mean of `|original[i] − restored[i]|`
+/// over the common length, summed in f32 in order (the seed's iterator sum),
+/// divided by the count in f32; 0 for no values. `original` is read as f32.
+///
+/// ```
+/// use ferroquant::ops::dynamic::quantization_mae;
+///
+/// assert_eq!(quantization_mae(&[1.0f32, -2.0, 3.0], &[1.5, -2.0]).unwrap(), 0.25);
+/// ```
+///
+/// Errors: `NonFinite` naming `original` (a value that becomes infinite in f32
+/// included).
+pub fn quantization_mae<T: Float>(original: &[T], restored: &[f32]) -> Result<f32> {
+    let n = original.len().min(restored.len());
+    let mut sum = 0f32;
+    for (i, (a, &b)) in original[..n].iter().zip(&restored[..n]).enumerate() {
+        let a = a.to_f32();
+        if !a.is_finite() {
+            return Err(QuantError::NonFinite {
+                arg: "original",
+                index: i,
+            });
+        }
+        sum += (a - b).abs();
+    }
+    // Values past the common length are not summed, but are still input.
+    if let Some(i) = original[n..].iter().position(|v| !v.to_f32().is_finite()) {
+        return Err(QuantError::NonFinite {
+            arg: "original",
+            index: n + i,
+        });
+    }
+    Ok(if n == 0 { 0.0 } else { sum / n as f32 })
+}
+
 /// Codes to read back.
 #[derive(Debug, Clone, Copy)]
 pub enum DynCodes<'a> {
