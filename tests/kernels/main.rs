@@ -10,6 +10,7 @@ mod blockwise;
 mod dynamic;
 mod f16bits;
 mod linear;
+mod ptq;
 mod w8a8;
 
 /// Thread-count changes are process-wide: tests that make them hold this lock.
