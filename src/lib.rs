@@ -8,6 +8,19 @@
 //! scalar path that is the executable specification; the SIMD paths reproduce
 //! it bit for bit, and results never depend on the thread count.
 //!
+//! The families, one module of [`ops`] each, over caller-allocated slices:
+//!
+//! | SPEC | module | what |
+//! |---|---|---|
+//! | §1 | [`ops::blockwise`] | blockwise int8 with f16/f32 scales |
+//! | §2 | [`ops::affine`], [`ops::linear`] | int8/int4 symmetric/asymmetric, per tensor/channel; the fused quantized linear layer |
+//! | §3 | [`ops::dynamic`], [`ops::calib`], [`ops::smooth`], [`ops::w8a8`] | dynamic activation quantization, calibration statistics, SmoothQuant, exact W8A8 GEMV/GEMM |
+//! | §4 | [`ops::bitnet`] | BitNet per-token activations |
+//! | §5 | [`ops::ptq`], [`ops::f16bits`] | post-training int8 with the seed's JSON; f16 bits |
+//!
+//! `cargo run --example tour` runs one call of each. The Python wheel calls
+//! these same functions, and golden vectors hold both to the same bytes.
+//!
 //! Layout:
 //! - [`ops`]: the safe public kernel API. Validates once, fuses the
 //!   non-finite check into the first pass, picks the ISA, splits the work.
