@@ -201,6 +201,39 @@ fn statistic<T: Float>(
     }
 }
 
+/// [`statistic`] of a whole tensor: max |x| across the pool for long inputs
+/// (the maximum is the same whatever the split; the first non-finite index
+/// wins), the percentile on this thread.
+fn tensor_statistic<T: Float>(
+    isa: Isa,
+    x: &[T],
+    mode: ScaleMode,
+    stage: &mut Vec<f32>,
+    bits: &mut Vec<u32>,
+) -> std::result::Result<f32, usize> {
+    if mode != ScaleMode::MaxAbs {
+        return statistic(isa, x, mode, stage, bits);
+    }
+    let n = x.len();
+    parallel::run(n, |par| {
+        if !par {
+            return statistic(isa, x, mode, stage, bits);
+        }
+        let chunk = parallel::units_per_task(n.div_ceil(STAGE), STAGE) * STAGE;
+        x.par_chunks(chunk)
+            .enumerate()
+            .map(|(t, xs)| {
+                let mut m = 0u32;
+                finite_stages(isa, xs, &mut Vec::new(), |_, b| m = m.max(b))
+                    .map_err(|i| t * chunk + i)?;
+                Ok(m)
+            })
+            .reduce_with(|a, b| parallel::first_error(a, b, u32::max))
+            .unwrap_or(Ok(0))
+            .map(f32::from_bits)
+    })
+}
+
 /// Groups at least this large find their percentile with a histogram of the
 /// top 16 bits of |x| (a 256 KiB table); smaller ones copy and select.
 const HISTOGRAM_MIN: usize = 1 << 16;
@@ -249,7 +282,7 @@ pub fn compute_scale<T: Float>(x: &[T], clip: f32, mode: ScaleMode) -> Result<f3
 /// [`compute_scale`] on a chosen ISA.
 pub fn compute_scale_with<T: Float>(isa: Isa, x: &[T], clip: f32, mode: ScaleMode) -> Result<f32> {
     let _env = crate::simd::fpenv::Pinned::new();
-    let s = statistic(isa, x, mode, &mut Vec::new(), &mut Vec::new())
+    let s = tensor_statistic(isa, x, mode, &mut Vec::new(), &mut Vec::new())
         .map_err(|index| QuantError::NonFinite { arg: "x", index })?;
     Ok(scale_of(s, clip))
 }
@@ -470,20 +503,13 @@ pub fn dynamic_quantize_with<T: Float>(
                 return Ok(());
             }
             let (mut stage, mut bits, mut tmp) = (Vec::new(), Vec::new(), Vec::new());
-            let st = statistic(isa, x, mode, &mut stage, &mut bits).map_err(nonfinite)?;
+            let st = tensor_statistic(isa, x, mode, &mut stage, &mut bits).map_err(nonfinite)?;
             drop(bits);
             let scale = scale_of(st, clip);
             scales[0] = scale;
             match codes {
-                DynCodesMut::Int8(c) => codes_with_scale(
-                    isa,
-                    x,
-                    (scale, clip),
-                    &mut GroupOut::Int8(c),
-                    &mut stage,
-                    &mut tmp,
-                    Store::for_run(n, n, false),
-                ),
+                DynCodesMut::Int8(c) if scale == 0.0 => c.fill(0),
+                DynCodesMut::Int8(c) => quantize_known_scale(isa, x, scale, clip, c),
                 DynCodesMut::Int4(c) => {
                     let mut w = Int4Writer::new(c, 0);
                     codes_with_scale(
