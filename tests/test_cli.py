@@ -496,3 +496,25 @@ def test_ptq_json_layer_names_never_collide(tmp_path, rng):
     layers = {q.name: q for q in fq.QuantizedModel.load(out).layers}
     assert sorted(layers) == ["x", "x.weight"]
     assert layers["x"].bias is not None and layers["x.weight"].bias is None
+
+
+def test_dequantize_restores_model_layers_in_their_dtype(tmp_path, rng):
+    w = rng.standard_normal((4, 4)).astype(np.float16)
+    m = fq.quantize_model_weights("{}", [("fc", w, None, None)])
+    src, out = tmp_path / "m16.safetensors", tmp_path / "o.safetensors"
+    m.save(src)
+    assert cli("dequantize", str(src), "-o", str(out)).returncode == 0
+    assert stn.load_file(str(out))["fc.weight"].dtype == np.float16
+
+
+def test_dequantize_refuses_layer_names_that_would_not_come_back_apart(tmp_path):
+    src, js, out = tmp_path / "nm.safetensors", tmp_path / "nm.json", tmp_path / "o.safetensors"
+    stn.save_file(
+        {"x": np.ones((4, 4), np.float32), "x.weight": np.full((4, 4), -50.0, np.float32)},
+        str(src),
+    )
+    assert cli("quantize", str(src), "--scheme", "ptq-int8", "-o", str(js)).returncode == 0
+    r = cli("dequantize", str(js), "-o", str(out))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "would both be restored as 'x.weight'" in r.stderr
+    assert not out.exists()

@@ -497,3 +497,47 @@ def test_a_bad_json_file_is_named_in_the_error(tmp_path):
     path.write_text("{}")
     with pytest.raises(fq.FormatError, match=r"bad\.json"):
         fq.QuantizedModel.load(path)
+
+
+# -- regressions from the second adversarial review -------------------------------------------
+
+
+def test_a_stream_whose_bound_is_the_dropped_value_is_exact_and_silent():
+    import math
+    import warnings
+
+    batches = [np.arange(1, 3001, dtype=F32), np.zeros(105_600, F32)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no PrecisionWarning for an exact p99
+        s = fq.CalibStats.collect(iter(batches))
+    a = np.sort(np.abs(np.concatenate(batches)))
+    assert s.p99 == float(a[math.ceil(0.99 * a.size) - 1])
+
+
+def test_a_stream_that_loses_its_early_outliers_warns_with_an_upper_bound():
+    import math
+
+    rng = np.random.default_rng(0)
+    bs = [rng.standard_normal(10_000).astype(F32) * (100 if i < 2 else 1) for i in range(100)]
+    with pytest.warns(fq.PrecisionWarning, match="length was not known"):
+        s = fq.CalibStats.collect(iter(bs))
+    a = np.sort(np.abs(np.concatenate(bs)))
+    assert s.p99 >= float(a[math.ceil(0.99 * a.size) - 1])
+    assert fq.CalibStats.collect(bs).p99 == float(a[math.ceil(0.99 * a.size) - 1])
+
+
+def test_an_accumulator_refuses_more_values_than_announced():
+    from ferroquant import _ferroquant as native
+
+    acc = native.CalibAccumulator(10)
+    with pytest.raises(fq.InvalidConfigError, match="total"):
+        acc.push(np.zeros(11, F32))
+
+
+def test_quantization_stats_reports_overflow_and_reads_only_shapes():
+    huge = np.zeros((2**59, 0), F32)
+    with pytest.raises(fq.InvalidConfigError, match="overflow"):
+        fq.quantization_stats({"a": huge, "b": huge}, fq.QuantConfig.int8_per_channel())
+    wide = np.broadcast_to(F32(0), (2**20, 2**20))  # 4 TiB if it were copied
+    s = fq.quantization_stats({"w": wide})
+    assert s.num_quantized == 1 and s.fp32_bytes == 4 * 2**40

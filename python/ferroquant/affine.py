@@ -23,6 +23,7 @@ from ._checks import (
     float_input,
     held,
     is_array_of,
+    is_float_dtype,
     kernel_layout,
     readonly,
     shape_tuple,
@@ -538,6 +539,18 @@ def quantization_stats(
     ``ceil(numel / 2)``) plus 16 bytes of metadata (``16 * shape[0]`` per channel),
     any other stays float32.
     """
-    shapes = [list(value.shape) for _, value in _named(params, config)]
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of names to arrays, got {type(params).__name__}")
+    shapes = []
+    for name, value in params.items():  # only dtypes and shapes: no copy of any array
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if not is_float_dtype(arr.dtype):
+            raise TypeError(
+                f"params[{name!r}] must be a floating array (float32, float64, float16 or "
+                f"bfloat16), got dtype {arr.dtype}"
+            )
+        shapes.append(list(arr.shape))
     stats = _native.quantization_stats(shapes, config.bits, config.mode, config.granularity)
     return QuantStats(*stats)

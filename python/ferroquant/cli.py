@@ -747,10 +747,21 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
 
 
 def _add_model(writer: StreamingWriter, model: QuantizedModel) -> int:
-    """Each layer's float32 weight as ``<layer>.weight`` and its bias as ``<layer>.bias``
-    (the names ``quantize --scheme ptq-int8 -o OUT.json`` took them from)."""
+    """Each layer's weight as ``<layer>.weight`` (in the dtype it was quantized from)
+    and its bias as ``<layer>.bias``: the names ``quantize --scheme ptq-int8 -o OUT.json``
+    took them from. Layer names that would not come back apart are refused first."""
+    names = [q.name for q in model.layers]
+    seen = set(names)
+    for name in names:
+        if names.count(name) > 1 or name + ".weight" in seen:
+            other = name if names.count(name) > 1 else name + ".weight"
+            raise CliError(
+                f"layers {name!r} and {other!r} would both be restored as "
+                f"{name + '.weight'!r}; load the model with fq.QuantizedModel.load instead"
+            )
     for q in model.layers:
-        writer.add(q.name + ".weight", q.dequantize())
+        want = FLOAT_DTYPES.get(q.dtype, np.dtype(np.float32))
+        writer.add(q.name + ".weight", _restore(q.dequantize(), want))
         if q.bias is not None:
             writer.add(q.name + ".bias", q.bias)
     return len(model.layers)

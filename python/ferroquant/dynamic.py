@@ -451,9 +451,10 @@ class CalibStats(Quantized):
             NonFiniteError: a batch holds NaN or an infinity.
 
         Warns:
-            PrecisionWarning: for a one-shot iterator whose later batches were so
-                much larger than the earlier ones that values p99 needed had been
-                let go (see the README); the p99 returned is then an upper bound.
+            PrecisionWarning: for a one-shot iterator (length unknown) when values
+                the final p99 needs were let go: memory follows the count so far,
+                so a stream that grows long after its largest values came can lose
+                them (see the README); the p99 returned is then an upper bound.
         """
         return _collect(batches)
 
@@ -491,9 +492,10 @@ def _collect(batches: Any) -> CalibStats:
     lo, hi, mean, std, p99, suggested, exact = acc.finish()
     if not exact:
         warn(
-            "CalibStats.collect: the batches grew so much after the first ones that "
-            "values the exact p99 needs were let go; the p99 returned is an upper bound. "
-            "Pass a list of batches (its total size is read first) to get the exact value",
+            "CalibStats.collect: the iterator's length was not known, and values the "
+            "exact p99 needs were let go (memory follows the count so far, and the "
+            "largest values came early); the p99 returned is an upper bound. Pass a "
+            "list of batches (its total size is read first) to get the exact value",
             PrecisionWarning,
         )
     return CalibStats(

@@ -151,7 +151,8 @@ pub(crate) fn quantization_stats(
     granularity: &str,
 ) -> PyResult<(usize, usize, usize, usize, f64)> {
     let config = QuantConfig::from_names(bits, mode, granularity).map_err(|e| to_pyerr(py, e))?;
-    let s = af::quantization_stats(shapes.iter().map(Vec::as_slice), &config);
+    let s = af::quantization_stats(shapes.iter().map(Vec::as_slice), &config)
+        .map_err(|e| to_pyerr(py, e))?;
     Ok((
         s.num_quantized,
         s.num_fp32,

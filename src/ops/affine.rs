@@ -260,36 +260,45 @@ pub struct QuantStats {
 /// for int4) plus 16 bytes of metadata (`16 · shape[0]` per channel); any other
 /// stays f32.
 ///
+/// Errors: `InvalidConfig` naming `params` when a count overflows `usize`.
+///
 /// ```
 /// use ferroquant::ops::affine::{quantization_stats, QuantConfig};
 ///
 /// let shapes: [&[usize]; 2] = [&[256, 128], &[256]];
-/// let s = quantization_stats(shapes, &QuantConfig::int8());
+/// let s = quantization_stats(shapes, &QuantConfig::int8()).unwrap();
 /// assert_eq!((s.num_quantized, s.num_fp32), (1, 1));
 /// assert_eq!(s.quantized_bytes, 256 * 128 + 16 + 256 * 4);
 /// ```
 pub fn quantization_stats<'a>(
     shapes: impl IntoIterator<Item = &'a [usize]>,
     config: &QuantConfig,
-) -> QuantStats {
-    let (mut num_quantized, mut num_fp32, mut fp32_bytes, mut quantized_bytes) = (0, 0, 0, 0);
+) -> Result<QuantStats> {
+    let overflow = || QuantError::invalid("params", "the byte counts overflow usize");
+    let (mut num_quantized, mut num_fp32, mut fp32_bytes, mut quantized_bytes) =
+        (0, 0, 0usize, 0usize);
+    let add =
+        |acc: usize, v: Option<usize>| v.and_then(|v| acc.checked_add(v)).ok_or_else(overflow);
     for shape in shapes {
-        let numel: usize = shape.iter().product();
-        fp32_bytes += numel * 4;
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        fp32_bytes = add(fp32_bytes, numel.and_then(|n| n.checked_mul(4)))?;
         if shape.len() >= 2 {
             num_quantized += 1;
             let size = match config.bits {
                 Bits::Int8 => numel,
-                Bits::Int4 => numel.div_ceil(2),
+                Bits::Int4 => numel.map(|n| n.div_ceil(2)),
             };
             let meta = match config.granularity {
-                Granularity::PerChannel => 16 * shape[0],
-                Granularity::PerTensor => 16,
+                Granularity::PerChannel => shape[0].checked_mul(16),
+                Granularity::PerTensor => Some(16),
             };
-            quantized_bytes += size + meta;
+            quantized_bytes = add(
+                quantized_bytes,
+                size.and_then(|s| meta.and_then(|m| s.checked_add(m))),
+            )?;
         } else {
             num_fp32 += 1;
-            quantized_bytes += numel * 4;
+            quantized_bytes = add(quantized_bytes, numel.and_then(|n| n.checked_mul(4)))?;
         }
     }
     let compression_ratio = if quantized_bytes > 0 {
@@ -297,13 +306,13 @@ pub fn quantization_stats<'a>(
     } else {
         1.0
     };
-    QuantStats {
+    Ok(QuantStats {
         num_quantized,
         num_fp32,
         fp32_bytes,
         quantized_bytes,
         compression_ratio,
-    }
+    })
 }
 
 /// Where quantized codes go.

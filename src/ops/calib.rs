@@ -203,9 +203,10 @@ pub struct CalibStats {
 pub struct CalibOutcome {
     /// The statistics (all zero for no values).
     pub stats: CalibStats,
-    /// Whether `p99` is exact. Only a stream of unknown total length whose later
-    /// batches grew far past the earlier ones can make it an upper bound: values
-    /// it might have needed were let go to keep memory bounded.
+    /// Whether `p99` is exact. Only a stream of unknown total length can make it
+    /// an upper bound: memory is bounded by what the count so far needs, so when
+    /// the count grows much past it (many more batches, or larger ones) while the
+    /// largest values came early, values the final p99 needs were let go.
     pub exact: bool,
 }
 
@@ -292,12 +293,25 @@ impl CalibAccumulator {
     /// Add one batch (read as f32). On error nothing is added.
     ///
     /// Errors: `NonFinite` naming `batches` and the flat index over all batches
-    /// so far (the batch's own index is that minus [`count`](Self::count)).
+    /// so far (the batch's own index is that minus [`count`](Self::count));
+    /// `InvalidConfig` naming `total` when more values arrive than announced.
     pub fn push<T: Float>(&mut self, batch: &[T]) -> Result<()> {
+        let _env = crate::simd::fpenv::Pinned::new();
         if batch.is_empty() {
             return Ok(());
         }
         let len = batch.len() as u64;
+        if let Some(total) = self.total {
+            if self.n + len > total {
+                return Err(QuantError::invalid(
+                    "total",
+                    format!(
+                        "{total} values were announced, and {} have now been pushed",
+                        self.n + len
+                    ),
+                ));
+            }
+        }
         let keep = match self.total {
             Some(total) => needed(total),
             None => 2 * needed(self.n + len) + 1024,
@@ -310,7 +324,8 @@ impl CalibAccumulator {
             other => other,
         })?;
         self.keep = keep;
-        if b.below_max != 0 {
+        if (b.candidates.len() as u64) < b.n {
+            // Some values were left out; the largest of them is `below_max`.
             self.dropped = self.dropped.max(b.below_max as i64);
         }
         // Ties keep the earlier value (as `min`/`max` over the batches in order).
@@ -352,6 +367,7 @@ impl CalibAccumulator {
 
     /// The statistics of everything pushed.
     pub fn finish(mut self) -> CalibOutcome {
+        let _env = crate::simd::fpenv::Pinned::new();
         self.compact();
         if self.n == 0 {
             let zero = CalibStats {
@@ -367,16 +383,19 @@ impl CalibAccumulator {
                 exact: true,
             };
         }
+        // Every value left out is at most `dropped`. With `c` kept values at
+        // least `dropped`: c >= m puts the m-th largest among them; c == m - 1
+        // makes it `dropped` itself (a value that was seen); fewer leaves only
+        // the bound.
         let m = needed(self.n);
-        let mut bits: i64 = -1;
-        if self.kept.len() >= m {
+        let dropped = self.dropped;
+        let c = self.kept.iter().filter(|&&b| b as i64 >= dropped).count();
+        let (bits, exact) = if c >= m {
             let at = self.kept.len() - m;
-            bits = *self.kept.select_nth_unstable(at).1 as i64;
-        }
-        let exact = bits >= self.dropped;
-        if !exact {
-            bits = self.dropped;
-        }
+            (*self.kept.select_nth_unstable(at).1 as i64, true)
+        } else {
+            (dropped, c + 1 == m && dropped >= 0)
+        };
         let p99 = f32::from_bits(bits as u32);
         let max_abs = if self.hi.abs() > self.lo.abs() {
             self.hi.abs()
@@ -459,6 +478,26 @@ mod accumulator_tests {
     }
 
     #[test]
+    fn the_bound_is_exact_when_only_the_dropped_value_can_rank() -> Result<()> {
+        let a: Vec<f32> = (1..=3000).map(|i| i as f32).collect();
+        let b = vec![0f32; 105_600];
+        let mut acc = CalibAccumulator::new(None);
+        acc.push(&a)?;
+        acc.push(&b)?;
+        let out = acc.finish();
+        let mut all = a.clone();
+        all.extend(&b);
+        assert_eq!(out.stats.p99, exact_p99(&all));
+        assert!(out.exact);
+        let mut over = CalibAccumulator::new(Some(10));
+        assert!(matches!(
+            over.push(&[0f32; 11]),
+            Err(QuantError::InvalidConfig { arg: "total", .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
     fn errors_name_the_index_over_all_batches() {
         let a = [1.0f32; 10];
         let b = [0.0f32, f32::INFINITY];
@@ -471,5 +510,29 @@ mod accumulator_tests {
         );
         let none: [&[f32]; 0] = [];
         assert_eq!(CalibStats::collect(&none).unwrap().suggested_scale, 0.0);
+    }
+}
+
+#[cfg(test)]
+mod fpenv_tests {
+    use super::*;
+    use crate::ops::dynamic::quantization_mae;
+
+    #[test]
+    fn a_callers_flush_to_zero_mode_changes_nothing() -> Result<()> {
+        let x: Vec<f32> = (0..1000).map(|i| i as f32 * 1e-42).collect();
+        let a = (
+            CalibStats::collect(&[&x[..]])?,
+            quantization_mae(&x, &[0.0; 1000])?,
+        );
+        crate::simd::fpenv::set_flush_denormals(true);
+        let b = (
+            CalibStats::collect(&[&x[..]]),
+            quantization_mae(&x, &[0.0; 1000]),
+        );
+        crate::simd::fpenv::set_flush_denormals(false);
+        assert_eq!((b.0?, b.1?), a);
+        assert!(a.1 > 0.0 && a.0.mean > 0.0);
+        Ok(())
     }
 }

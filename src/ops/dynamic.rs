@@ -541,6 +541,7 @@ pub fn dynamic_quantize_with<T: Float>(
 /// Errors: `NonFinite` naming `original` (a value that becomes infinite in f32
 /// included).
 pub fn quantization_mae<T: Float>(original: &[T], restored: &[f32]) -> Result<f32> {
+    let _env = crate::simd::fpenv::Pinned::new();
     let n = original.len().min(restored.len());
     let mut sum = 0f32;
     for (i, (a, &b)) in original[..n].iter().zip(&restored[..n]).enumerate() {
