@@ -7,6 +7,7 @@
   ``DynamicQuantizeLinear`` (uint8 asymmetric, one scale: the same bytes moved).
 - The seed's JSON of a 1024 x 1024 layer: Python's ``json.dumps(indent=2)`` of the same
   dict (which prints floats as float64, so not the seed's bytes: a speed reference only).
+- ``ferroquant compare --demo``: its wall time (no peer).
 
 Floor: f16 conversion reads 4n and writes 2n bytes (or 2n and 4n); from_f32 reads 4n
 twice (scale, then codes) and writes n.
@@ -123,4 +124,34 @@ def run(rounds: int, threads_list: List[int], quick: bool = False) -> List[Row]:
     res = interleaved(saves, max(3, rounds // 3))
     text = len(model.to_json())
     out += rows_for(f"PTQ JSON text ({js}x{js} layer)", res, res["ferroquant"], text, 1)[1:]
+    if not quick:
+        out += compare_demo()
     return out
+
+
+def compare_demo() -> List[Row]:
+    """Wall time of ``ferroquant compare --demo`` (every weight scheme over MiniLM), in
+    this process, once: the command a user runs first (skipped without the weights)."""
+    import contextlib
+    import io
+    import os
+    import tempfile
+    import time
+
+    from ferroquant import cli
+
+    try:
+        cli.demo_model_path()
+    except cli.CliError:
+        return []
+    fq.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as d:
+        args = ["compare", "--demo", "--no-progress", "--json", os.path.join(d, "c.json")]
+        with contextlib.redirect_stdout(io.StringIO()):
+            t = time.perf_counter()
+            status = cli.main(args)
+            t = time.perf_counter() - t
+    if status != 0:
+        return []
+    nbytes = os.path.getsize(cli.demo_model_path())
+    return rows_for("compare --demo (wall, 2 threads)", {"ferroquant": t}, t, nbytes, 2)[1:]
