@@ -518,3 +518,16 @@ def test_dequantize_refuses_layer_names_that_would_not_come_back_apart(tmp_path)
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "would both be restored as 'x.weight'" in r.stderr
     assert not out.exists()
+
+
+def test_compare_skips_registered_quantizers_that_need_parameters(model):
+    code = f"""
+import sys, ferroquant as fq
+from ferroquant.cli import main
+fq.register_quantizer("needs-args", lambda scale: fq.get_quantizer("int8"))
+sys.exit(main(["compare", {str(model)!r}, "--json", "--no-progress"]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    names = [row["scheme"] for row in json.loads(r.stdout)["schemes"]]
+    assert "needs-args" not in names and "int8" in names

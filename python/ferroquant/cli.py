@@ -491,7 +491,10 @@ def _compare_schemes(arg: Optional[str]) -> Tuple[List[Any], bool]:
     if arg is None:
         out = []
         for name in list_quantizers():
-            q = get_quantizer(name)
+            try:
+                q = get_quantizer(name)
+            except (TypeError, ValueError):
+                continue  # a registered factory that needs parameters: name it with --schemes
             if getattr(q, "kind", "weight") == "weight":
                 out.append(q)
         return out, False
