@@ -109,7 +109,7 @@ pub enum DynCodesMut<'a> {
 }
 
 /// Reads a group as f32 a stage at a time (f32 input in place).
-fn for_each_stage<T: Float>(
+pub(crate) fn for_each_stage<T: Float>(
     isa: Isa,
     x: &[T],
     stage: &mut Vec<f32>,
@@ -175,11 +175,7 @@ fn statistic<T: Float>(
     bits: &mut Vec<u32>,
 ) -> std::result::Result<f32, usize> {
     match mode {
-        ScaleMode::MaxAbs => {
-            let mut m = 0u32;
-            finite_stages(isa, x, stage, |_, b| m = m.max(b))?;
-            Ok(f32::from_bits(m))
-        }
+        ScaleMode::MaxAbs => max_abs(isa, x, stage),
         ScaleMode::Percentile(p) => {
             if x.is_empty() {
                 return Ok(0.0);
@@ -199,6 +195,13 @@ fn statistic<T: Float>(
             Ok(f32::from_bits(*v))
         }
     }
+}
+
+/// max |x| (0 for no values), or the group index of the first non-finite value.
+fn max_abs<T: Float>(isa: Isa, x: &[T], stage: &mut Vec<f32>) -> std::result::Result<f32, usize> {
+    let mut m = 0u32;
+    finite_stages(isa, x, stage, |_, b| m = m.max(b))?;
+    Ok(f32::from_bits(m))
 }
 
 /// [`statistic`] of a whole tensor: max |x| across the pool for long inputs
@@ -222,15 +225,8 @@ fn tensor_statistic<T: Float>(
         let chunk = parallel::units_per_task(n.div_ceil(STAGE), STAGE) * STAGE;
         x.par_chunks(chunk)
             .enumerate()
-            .map(|(t, xs)| {
-                let mut m = 0u32;
-                finite_stages(isa, xs, &mut Vec::new(), |_, b| m = m.max(b))
-                    .map_err(|i| t * chunk + i)?;
-                Ok(m)
-            })
-            .reduce_with(|a, b| parallel::first_error(a, b, u32::max))
-            .unwrap_or(Ok(0))
-            .map(f32::from_bits)
+            .map(|(t, xs)| max_abs(isa, xs, &mut Vec::new()).map_err(|i| t * chunk + i))
+            .reduce(|| Ok(0.0), |a, b| parallel::first_error(a, b, f32::max))
     })
 }
 

@@ -43,7 +43,7 @@
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};
-use crate::ops::dynamic::{self, quantize_known_scale, DynCodes, ScaleMode};
+use crate::ops::dynamic::{self, for_each_stage, quantize_known_scale, DynCodes, ScaleMode};
 use crate::parallel;
 use crate::simd::{self, Isa, Range};
 use crate::stage::STAGE;
@@ -84,6 +84,13 @@ impl LayerCalibration {
         self.w_min.abs().max(self.w_max.abs()) / QMAX
     }
 }
+
+/// The range of no values (what [`Range::merge`] starts from).
+const EMPTY: Range<f32> = Range {
+    min: f32::INFINITY,
+    max: f32::NEG_INFINITY,
+    non_finite: false,
+};
 
 /// Records the weight range of each layer (the seed's `Calibrator`).
 #[derive(Debug, Clone, Default)]
@@ -133,25 +140,18 @@ pub fn weight_range_with<T: Float>(isa: Isa, w: &[T]) -> Result<(f32, f32)> {
     if w.is_empty() {
         return Err(QuantError::EmptyInput { arg: "w" });
     }
+    // The range of a run, staged as f32 by the dynamic family's stage loop.
     let part = |xs: &[T]| -> std::result::Result<Range<f32>, usize> {
-        let mut stage = Vec::new();
-        let mut acc: Option<Range<f32>> = None;
-        for (k, c) in xs.chunks(STAGE).enumerate() {
-            let xf: &[f32] = match T::as_f32_slice(c) {
-                Some(xf) => xf,
-                None => {
-                    stage.resize(c.len(), 0.0);
-                    T::convert_to_f32(isa, c, &mut stage);
-                    &stage
-                }
-            };
+        let mut acc = EMPTY;
+        for_each_stage(isa, xs, &mut Vec::new(), |off, xf| {
             let r = simd::range_f32(isa, xf);
             if r.non_finite {
-                return Err(k * STAGE + simd::scalar::first_non_finite(xf));
+                return Err(off + simd::scalar::first_non_finite(xf));
             }
-            acc = Some(acc.map_or(r, |a| a.merge(r)));
-        }
-        Ok(acc.expect("a non-empty run has a range"))
+            acc = acc.merge(r);
+            Ok(())
+        })?;
+        Ok(acc)
     };
     let n = w.len();
     let r = parallel::run(n, |par| {
@@ -162,8 +162,10 @@ pub fn weight_range_with<T: Float>(isa: Isa, w: &[T]) -> Result<(f32, f32)> {
         w.par_chunks(chunk)
             .enumerate()
             .map(|(t, xs)| part(xs).map_err(|i| t * chunk + i))
-            .reduce_with(|a, b| parallel::first_error(a, b, |a, b| a.merge(b)))
-            .expect("a non-empty input has a chunk")
+            .reduce(
+                || Ok(EMPTY),
+                |a, b| parallel::first_error(a, b, Range::merge),
+            )
     })
     .map_err(|index| QuantError::NonFinite { arg: "w", index })?;
     Ok((r.min, r.max))
