@@ -291,12 +291,14 @@ impl Job<'_> {
         let mut odd = Vec::new();
         for (t, xt) in self.x.chunks_exact(in_f).enumerate() {
             match self.w.codes {
+                // The codes from row r0 to the end: the kernels sum the
+                // first `n` rows and prefetch the rows after them.
                 WeightCodes::Int8(c) => {
-                    let q = &c[r0 * in_f..r1 * in_f];
+                    let q = &c[r0 * in_f..];
                     simd::dot_dequant_i8_rows(self.isa, q, in_f, &zps, &scales, xt, &mut acc);
                 }
                 WeightCodes::Int4(p) if in_f % 2 == 0 => {
-                    let (stride, bytes) = (in_f / 2, &p[r0 * in_f / 2..r1 * in_f / 2]);
+                    let (stride, bytes) = (in_f / 2, &p[r0 * in_f / 2..]);
                     let split = in_f.div_ceil(32) * 32;
                     let xs = &self.split[t * split..(t + 1) * split];
                     simd::dot_dequant_i4_rows(

@@ -185,21 +185,20 @@ pub fn w8a8_matmul_with<T: Float>(
     };
     parallel::run(weight.len().saturating_mul(tokens), |par| {
         let rows = panel_rows(in_f);
+        // Each panel gets the weight from its first row to the end: it reads
+        // its own rows and prefetches the next panel's first ones.
+        let from = |p: usize| &weight[p * rows * in_f..];
         if !par {
-            for (p, (wp, sp)) in weight
-                .chunks(rows * in_f)
-                .zip(weight_scales.chunks(rows))
-                .enumerate()
-            {
-                let part = panel(dims, wp, sp, codes, &a_scales);
+            for (p, sp) in weight_scales.chunks(rows).enumerate() {
+                let part = panel(dims, from(p), sp, codes, &a_scales);
                 scatter(out, &part, p * rows, sp.len(), dims);
             }
             return;
         }
-        let parts: Vec<Vec<f32>> = weight
-            .par_chunks(rows * in_f)
-            .zip(weight_scales.par_chunks(rows))
-            .map(|(wp, sp)| panel(dims, wp, sp, codes, &a_scales))
+        let parts: Vec<Vec<f32>> = weight_scales
+            .par_chunks(rows)
+            .enumerate()
+            .map(|(p, sp)| panel(dims, from(p), sp, codes, &a_scales))
             .collect();
         for (p, part) in parts.iter().enumerate() {
             let n = part.len() / tokens;
@@ -261,9 +260,9 @@ fn panel_rows(in_f: usize) -> usize {
     ((PANEL_BYTES / in_f.max(1)) / 4 * 4).clamp(4, 1024)
 }
 
-/// One panel of weight rows against every token, as `[rows][tokens]` f32
-/// results: token blocks that fit [`TOKEN_BLOCK_BYTES`] pass over the panel
-/// while it stays in cache.
+/// One panel of weight rows (the first `w_scales.len()` rows of `w`) against
+/// every token, as `[rows][tokens]` f32 results: token blocks that fit
+/// [`TOKEN_BLOCK_BYTES`] pass over the panel while it stays in cache.
 fn panel(dims: Dims, w: &[i8], w_scales: &[f32], codes: &[i8], a_scales: &[f32]) -> Vec<f32> {
     let Dims {
         isa, in_f, tokens, ..
@@ -275,7 +274,7 @@ fn panel(dims: Dims, w: &[i8], w_scales: &[f32], codes: &[i8], a_scales: &[f32])
     for (b, cb) in codes.chunks(block * in_f).enumerate() {
         let bt = cb.len() / in_f;
         let acc = &mut acc[..rows * bt];
-        simd::i8_dots(isa, w, cb, in_f, acc);
+        simd::i8_dots(isa, w, rows, cb, in_f, acc);
         for (r, &ws) in w_scales.iter().enumerate() {
             for (j, &a) in acc[r * bt..(r + 1) * bt].iter().enumerate() {
                 let t = b * block + j;

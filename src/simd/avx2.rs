@@ -324,8 +324,8 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
-        let (rows, tokens) = (w.len() / k, a.len() / k);
+    unsafe fn i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) {
+        let (rows, tokens) = (rows.min(w.len() / k), a.len() / k);
         for (t, at) in a.chunks_exact(k).enumerate() {
             let mut r = 0;
             while r + 4 <= rows {

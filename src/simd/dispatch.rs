@@ -160,9 +160,10 @@ primitive!(
     quantize_scaled_ahead(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store, ahead: &[f32]) -> ()
 );
 primitive!(
-    /// Exact int8 dot products of every row of `w` with every token of `a`
-    /// (both `k` wide): `out[r * tokens + t]`.
-    i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) -> ()
+    /// Exact int8 dot products of the first `rows` rows of `w` with every
+    /// token of `a` (both `k` wide): `out[r * tokens + t]`; later rows of `w`
+    /// are only prefetched.
+    i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) -> ()
 );
 primitive!(
     /// Per row `r`: `Σ x[i] · (q[r·stride + i] - zps[r]) · scales[r]` over int8

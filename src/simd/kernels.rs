@@ -204,11 +204,12 @@ pub(crate) trait Kernels {
         unsafe { Self::quantize_scaled(x, scale, clip, out, store) }
     }
     /// Exact integer dot products of int8 rows with int8 tokens:
-    /// `out[r * tokens + t] = Σ_i w[r·k + i] · a[t·k + i]` for the
-    /// `w.len() / k` rows of `w` and the `tokens = a.len() / k` rows of `a`
-    /// (`k >= 1`, `out.len() >= rows · tokens`). Exact for any `k` and any
-    /// bytes (see `scalar::i8_dot`).
-    unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]);
+    /// `out[r * tokens + t] = Σ_i w[r·k + i] · a[t·k + i]` for the first
+    /// `rows` rows of `w` and the `tokens = a.len() / k` rows of `a`
+    /// (`k >= 1`, `w.len() >= rows · k`, `out.len() >= rows · tokens`).
+    /// Bytes of `w` past those rows are not read, only prefetched (the next
+    /// call's rows). Exact for any `k` and any bytes (see `scalar::i8_dot`).
+    unsafe fn i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]);
     /// For each row `r < out.len()`: `out[r] = Σ x[i] · ((q[r·stride + i] as
     /// f32 - zps[r]) · scales[r])` over `i < x.len()` (each value dequantized
     /// in f32, a subtraction then a multiplication), in the order of

@@ -174,9 +174,10 @@ impl Kernels for Scalar {
         }
     }
 
-    unsafe fn i8_dots(w: &[i8], a: &[i8], k: usize, out: &mut [i64]) {
+    unsafe fn i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) {
         let tokens = a.len() / k;
-        for (r, wr) in w.chunks_exact(k).enumerate() {
+        let rows = rows.min(w.len() / k);
+        for (r, wr) in w[..rows * k].chunks_exact(k).enumerate() {
             for (t, at) in a.chunks_exact(k).enumerate() {
                 out[r * tokens + t] = i8_dot(wr, at);
             }

@@ -45,7 +45,8 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
     for isa in Isa::supported() {
         for n in (0..200).chain([1000, 4096 + 63]) {
             for rows in [1usize, 3, 4, 5, 9] {
-                let zps: Vec<f32> = [0.0f32, 3.0, -128.0, 1.0e6, -7.0][..rows.min(5)]
+                // ±0 zero points take the kernels' no-subtraction path.
+                let zps: Vec<f32> = [0.0f32, 3.0, -128.0, 1.0e6, -7.0, -0.0][..rows.min(6)]
                     .iter()
                     .cycle()
                     .take(rows)
@@ -54,11 +55,17 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
                 let x = floats(n, n as u64);
                 let stride = n + 3;
                 let q = codes(rows * stride, 7 + n as u64);
+                let want = dots_i8(Isa::Scalar, &q, stride, &zps, &x);
                 assert_eq!(
                     dots_i8(isa, &q, stride, &zps, &x),
-                    dots_i8(Isa::Scalar, &q, stride, &zps, &x),
+                    want,
                     "i8 {isa:?} n {n} rows {rows}"
                 );
+                // Codes after the last row (the next task's rows, which the
+                // kernels prefetch) do not change the sums.
+                let mut longer = q.clone();
+                longer.extend(codes(40 * stride, 11));
+                assert_eq!(dots_i8(isa, &longer, stride, &zps, &x), want);
                 let bstride = packed_len(n) + 1;
                 let p: Vec<u8> = codes(rows * bstride, 9 + n as u64)
                     .iter()

@@ -22,7 +22,7 @@ fn bytes(n: usize, seed: u64) -> Vec<i8> {
 
 fn dots(isa: Isa, w: &[i8], a: &[i8], k: usize) -> Vec<i64> {
     let mut out = vec![i64::MIN; (w.len() / k) * (a.len() / k)];
-    simd::i8_dots(isa, w, a, k, &mut out);
+    simd::i8_dots(isa, w, w.len() / k, a, k, &mut out);
     out
 }
 
@@ -37,6 +37,26 @@ fn every_isa_matches_scalar_at_odd_lengths() {
                     dots(isa, &w, &a, k),
                     dots(Isa::Scalar, &w, &a, k),
                     "{isa:?} k {k} rows {rows} tokens {tokens}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_after_the_asked_ones_are_not_summed() {
+    // i8_dots sums `rows` rows; the weight after them is only prefetched.
+    for isa in Isa::supported() {
+        for k in [1usize, 63, 64, 4096] {
+            let w = bytes(70 * k, k as u64);
+            let a = bytes(3 * k, 3);
+            for rows in [0usize, 1, 4, 5, 30] {
+                let mut out = vec![i64::MIN; rows * 3];
+                simd::i8_dots(isa, &w, rows, &a, k, &mut out);
+                assert_eq!(
+                    out,
+                    dots(Isa::Scalar, &w[..rows * k], &a, k),
+                    "{isa:?} k {k}"
                 );
             }
         }
