@@ -1,7 +1,10 @@
 //! AVX-512 (F/BW/VL/DQ) primitives: 16 lanes, masked loads and stores for tails,
 //! so a block of any length runs without a scalar remainder loop.
 
-use super::kernels::{Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN};
+use super::kernels::{
+    products_via_dots, Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN,
+    PACKED_MIN_TOKENS,
+};
 use super::scalar;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -695,6 +698,285 @@ unsafe fn dots_tile<const VNNI: bool, const R: usize, const T: usize>(
     total
 }
 
+/// Tokens in one packed block: two vectors of sixteen i32 lanes.
+const OUTER_TOKENS: usize = 32;
+/// Groups of four bytes summed in one i32 lane before it moves to i64: a
+/// lane gains at most 4·255·128 = 130,560 a group, and 16,384 groups stay
+/// below 2^31.
+const OUTER_CHUNK_GROUPS: usize = scalar::DOT_CHUNK / 4;
+
+/// Activations laid out for [`outer_tile`]: per block of up to 32 tokens, per
+/// group `g` of four bytes, the group of each token in turn (`lanes` of
+/// them, 16 or 32), each byte offset to unsigned (`code + 128`). Bytes past
+/// `k` and lanes past the block's tokens are 0, so they add nothing.
+fn pack_tokens(a: &[i8], k: usize, tokens: usize, out: &mut Vec<u8>) {
+    let groups = k.div_ceil(4);
+    out.clear();
+    for t0 in (0..tokens).step_by(OUTER_TOKENS) {
+        let tb = (tokens - t0).min(OUTER_TOKENS);
+        let lanes = if tb > 16 { 32 } else { 16 };
+        let base = out.len();
+        out.resize(base + groups * lanes * 4, 0);
+        let block = &mut out[base..];
+        for t in 0..tb {
+            let row = &a[(t0 + t) * k..(t0 + t + 1) * k];
+            let mut quads = row.chunks_exact(4);
+            let mut g = 0;
+            for q in &mut quads {
+                let v = u32::from_ne_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
+                let at = (g * lanes + t) * 4;
+                block[at..at + 4].copy_from_slice(&(v ^ 0x8080_8080).to_ne_bytes());
+                g += 1;
+            }
+            let rest = quads.remainder();
+            if !rest.is_empty() {
+                let at = (g * lanes + t) * 4;
+                for (d, &v) in block[at..at + rest.len()].iter_mut().zip(rest) {
+                    *d = (v as u8) ^ 0x80;
+                }
+            }
+        }
+    }
+}
+
+/// Groups of four bytes a row copied into the L1 buffer at a time (1 KiB).
+const OUTER_COPY_GROUPS: usize = 256;
+/// The L1 buffer's row stride: a chunk and one line (rows a multiple of
+/// 4 KiB apart share one L1 set, and twelve of them thrashed its eight ways).
+const OUTER_COPY_STRIDE: usize = 4 * OUTER_COPY_GROUPS + 64;
+
+/// `R` weight rows (stride `k`) at `w` against one packed block of `16·NV`
+/// token lanes at `packed`, over the `full` whole groups of four bytes. A
+/// kibibyte of each row at a time is copied into an L1 buffer (twelve
+/// streams read straight from L2 ran at half speed), then per group each
+/// row's four bytes are broadcast and `vpdpbusd`-ed with the block's vectors
+/// (activations unsigned, weights signed); lanes widen to i64 every
+/// [`OUTER_CHUNK_GROUPS`]. `R` rows from `ahead` are fetched into L2
+/// meanwhile. Returns the raw sums `Σ (a + 128) · w` over those groups;
+/// with `row_sums`, also adds each row's `Σ w` over them (from the copy).
+#[inline(always)]
+unsafe fn outer_tile<const R: usize, const NV: usize>(
+    w: *const i8,
+    k: usize,
+    packed: *const u8,
+    full: usize,
+    ahead: Option<*const i8>,
+    mut row_sums: Option<&mut [i64; R]>,
+) -> [[i64; 32]; R] {
+    let mut total = [[0i64; 32]; R];
+    let mut buf = [0i8; 12 * OUTER_COPY_STRIDE];
+    debug_assert!(R <= 12);
+    // SAFETY: AVX-512F/BW/VNNI per the caller; rows r < R hold `4·full`
+    // bytes from r·k, the block `full` groups of `64·NV` bytes; the copies
+    // stay inside `buf` (R <= 12 rows of one chunk); prefetches never fault.
+    unsafe {
+        let mut acc = [[_mm512_setzero_si512(); NV]; R];
+        for c0 in (0..full).step_by(OUTER_COPY_GROUPS) {
+            let c1 = (c0 + OUTER_COPY_GROUPS).min(full);
+            let bytes = 4 * (c1 - c0);
+            let (flip, zero) = (_mm512_set1_epi8(i8::MIN), _mm512_setzero_si512());
+            for r in 0..R {
+                let (src, dst) = (w.add(r * k + 4 * c0), buf.as_mut_ptr().add(r * OUTER_COPY_STRIDE));
+                let mut sad = zero;
+                let mut i = 0;
+                while i < bytes {
+                    let v = if bytes - i >= 64 {
+                        let v = _mm512_loadu_si512(src.add(i).cast());
+                        _mm512_storeu_si512(dst.add(i).cast(), v);
+                        v
+                    } else {
+                        let m = byte_mask(bytes - i);
+                        let v = _mm512_maskz_loadu_epi8(m, src.add(i));
+                        _mm512_mask_storeu_epi8(dst.add(i), m, v);
+                        v
+                    };
+                    // Masked-off bytes load as 0 and count 128, as the rest.
+                    sad = _mm512_add_epi64(sad, _mm512_sad_epu8(_mm512_xor_si512(v, flip), zero));
+                    i += 64;
+                }
+                if let Some(sums) = row_sums.as_deref_mut() {
+                    sums[r] += _mm512_reduce_add_epi64(sad) - 128 * i as i64;
+                }
+            }
+            // A line (16 groups) at a time; the next tile's rows come into
+            // L2 a line each per line.
+            for l in (c0..c1).step_by(16) {
+                if let Some(p) = ahead {
+                    for r in 0..R {
+                        _mm_prefetch::<_MM_HINT_T1>(p.add(r * k + 4 * l));
+                    }
+                }
+                for g in l..(l + 16).min(c1) {
+                    let mut av = [_mm512_setzero_si512(); NV];
+                    for (v, x) in av.iter_mut().enumerate() {
+                        *x = _mm512_loadu_si512(packed.add((g * NV + v) * 64).cast());
+                    }
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let at = buf.as_ptr().add(r * OUTER_COPY_STRIDE + 4 * (g - c0));
+                        let wb = _mm512_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
+                        for (x, a) in acc.iter_mut().zip(av) {
+                            *x = _mm512_dpbusd_epi32(*x, a, wb);
+                        }
+                    }
+                }
+            }
+            if c1 % OUTER_CHUNK_GROUPS == 0 || c1 == full {
+                for (tot, acc) in total.iter_mut().zip(acc.iter_mut()) {
+                    for (v, x) in acc.iter_mut().enumerate() {
+                        let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(*x));
+                        let hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(*x));
+                        let at = tot.as_mut_ptr().add(16 * v);
+                        let sum = _mm512_add_epi64(_mm512_loadu_si512(at.cast()), lo);
+                        _mm512_storeu_si512(at.cast(), sum);
+                        let at = at.add(8);
+                        let sum = _mm512_add_epi64(_mm512_loadu_si512(at.cast()), hi);
+                        _mm512_storeu_si512(at.cast(), sum);
+                        *x = _mm512_setzero_si512();
+                    }
+                }
+            }
+        }
+    }
+    total
+}
+
+/// `R` (<= 12) rows from row `r0` against every packed block: the whole
+/// groups through [`outer_tile`], the last partial group (k not a multiple
+/// of 4) from a zero-padded copy of each row's tail, less `128·Σw` per row,
+/// into `out[(r0 + r) * tokens + t]`.
+#[inline(always)]
+unsafe fn outer_rows<const R: usize>(
+    w: &[i8],
+    r0: usize,
+    k: usize,
+    packed: &[u8],
+    tokens: usize,
+    out: &mut Products<'_>,
+) {
+    let full = k / 4;
+    let groups = k.div_ceil(4);
+    // SAFETY: AVX-512F/BW/VNNI per the caller; rows r0..r0+R lie inside `w`
+    // (the caller's tiling), the packed blocks inside `packed`.
+    unsafe {
+        let wp = w.as_ptr().add(r0 * k);
+        let ahead = rows_ahead::<i8, R>(wp, k, w.len() - r0 * k);
+        // Σw per row: the whole groups' part from the first block's copies.
+        let mut sums = [0i64; R];
+        let mut tail = [0i32; R];
+        for (r, t) in tail.iter_mut().enumerate() {
+            let row = &w[(r0 + r) * k..(r0 + r + 1) * k];
+            let mut quad = [0u8; 4];
+            for (q, &v) in quad.iter_mut().zip(&row[4 * full..]) {
+                *q = v as u8;
+                sums[r] += v as i64;
+            }
+            *t = i32::from_le_bytes(quad);
+        }
+        let mut at = 0;
+        for t0 in (0..tokens).step_by(OUTER_TOKENS) {
+            let tb = (tokens - t0).min(OUTER_TOKENS);
+            let lanes = if tb > 16 { 32 } else { 16 };
+            let block = packed.as_ptr().add(at);
+            at += groups * lanes * 4;
+            let row_sums = (t0 == 0).then_some(&mut sums);
+            let mut total = if lanes == 32 {
+                outer_tile::<R, 2>(wp, k, block, full, ahead, row_sums)
+            } else {
+                outer_tile::<R, 1>(wp, k, block, full, ahead, row_sums)
+            };
+            if full < groups {
+                // The partial group: its packed bytes past k are 0.
+                for (tot, &quad) in total.iter_mut().zip(&tail) {
+                    let wb = _mm512_set1_epi32(quad);
+                    for v in 0..lanes / 16 {
+                        let a = _mm512_loadu_si512(block.add((full * lanes / 16 + v) * 64).cast());
+                        let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, wb);
+                        let mut lane = [0i32; 16];
+                        _mm512_storeu_si512(lane.as_mut_ptr().cast(), d);
+                        for (x, &l) in tot[16 * v..16 * v + 16].iter_mut().zip(&lane) {
+                            *x += l as i64;
+                        }
+                    }
+                }
+            }
+            match out {
+                Products::Raw(out) => {
+                    for (r, tot) in total.iter().enumerate() {
+                        let row = &mut out[(r0 + r) * tokens + t0..][..tb];
+                        for (o, &x) in row.iter_mut().zip(tot) {
+                            *o = x - 128 * sums[r];
+                        }
+                    }
+                }
+                Products::Scaled {
+                    out,
+                    stride,
+                    w_scales,
+                    a_scales,
+                } => {
+                    // Token by token: R neighbouring outputs of its row.
+                    for (j, &a_scale) in a_scales[t0..t0 + tb].iter().enumerate() {
+                        let row = &mut out[(t0 + j) * *stride + r0..][..R];
+                        for (r, o) in row.iter_mut().enumerate() {
+                            let exact = total[r][j] - 128 * sums[r];
+                            *o = exact as f32 * w_scales[r0 + r] * a_scale;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where [`outer_all`] puts its products.
+enum Products<'a> {
+    /// The exact sums, `out[r * tokens + t]` (`i8_dots`).
+    Raw(&'a mut [i64]),
+    /// Rescaled as `Kernels::i8_products`: `out[t * stride + r]`.
+    Scaled {
+        out: &'a mut [f32],
+        stride: usize,
+        w_scales: &'a [f32],
+        a_scales: &'a [f32],
+    },
+}
+
+/// The outer-product form of `i8_dots` (VNNI, `tokens >= PACKED_MIN_TOKENS`):
+/// the activations packed once, then twelve rows at a time against every
+/// block of 32 tokens, accumulators in registers over the whole row, no
+/// horizontal sums. `false` if the packed copy could not be allocated (the
+/// caller then runs the dot-product form).
+#[inline(always)]
+unsafe fn outer_all(w: &[i8], rows: usize, a: &[i8], k: usize, mut out: Products<'_>) -> bool {
+    let tokens = a.len() / k;
+    let blocks = tokens.div_ceil(OUTER_TOKENS);
+    let mut packed = Vec::new();
+    if packed
+        .try_reserve_exact(blocks * k.div_ceil(4) * OUTER_TOKENS * 4)
+        .is_err()
+    {
+        return false;
+    }
+    pack_tokens(a, k, tokens, &mut packed);
+    let mut r = 0;
+    // SAFETY: AVX-512F/BW/VNNI per the caller; every tile stays inside `rows`.
+    unsafe {
+        while r + 12 <= rows {
+            outer_rows::<12>(w, r, k, &packed, tokens, &mut out);
+            r += 12;
+        }
+        while r + 4 <= rows {
+            outer_rows::<4>(w, r, k, &packed, tokens, &mut out);
+            r += 4;
+        }
+        while r < rows {
+            outer_rows::<1>(w, r, k, &packed, tokens, &mut out);
+            r += 1;
+        }
+    }
+    true
+}
+
 /// Tokens whose byte sums are taken at once (a stack buffer).
 const SUM_BLOCK: usize = 64;
 
@@ -703,6 +985,10 @@ const SUM_BLOCK: usize = 64;
 #[inline(always)]
 unsafe fn dots_all<const VNNI: bool>(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) {
     let (rows, tokens) = (rows.min(w.len() / k), a.len() / k);
+    // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
+    if VNNI && tokens >= PACKED_MIN_TOKENS && unsafe { outer_all(w, rows, a, k, Products::Raw(out)) } {
+        return;
+    }
     // SAFETY: AVX-512F/BW(/VNNI) per the caller; every tile reads whole rows
     // of `w` and tokens of `a` inside the slices; `out` is written through
     // bounds-checked indexing.
@@ -1039,6 +1325,34 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     unsafe fn i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) {
         // SAFETY: forwarded from this function's contract.
         unsafe { dots_all::<VNNI>(w, rows, a, k, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn i8_products(
+        w: &[i8],
+        a: &[i8],
+        k: usize,
+        w_scales: &[f32],
+        a_scales: &[f32],
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let (rows, tokens) = (w_scales.len().min(w.len() / k), a.len() / k);
+        if VNNI && tokens >= PACKED_MIN_TOKENS && rows <= stride {
+            let scaled = Products::Scaled {
+                out: &mut *out,
+                stride,
+                w_scales,
+                a_scales,
+            };
+            // SAFETY: VNNI per the caller (the const); `rows` fit `w`; the
+            // outputs are written through bounds-checked indexing.
+            if unsafe { outer_all(w, rows, a, k, scaled) } {
+                return;
+            }
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { products_via_dots::<Self>(w, a, k, w_scales, a_scales, out, stride) }
     }
 
     #[inline(always)]

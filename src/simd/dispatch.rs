@@ -5,7 +5,7 @@
 //! which implementation it runs, and a tier without its own primitive falls to
 //! its base tier's, never silently to scalar.
 
-use super::kernels::{AbsmaxRule, Affine, Kernels, Range, Store, F32_INF_BITS};
+use super::kernels::{AbsmaxRule, Affine, Kernels, Range, Store, F32_INF_BITS, PACKED_MIN_TOKENS};
 use super::scalar::{self, Scalar};
 use super::Isa;
 #[cfg(target_arch = "x86_64")]
@@ -165,6 +165,20 @@ primitive!(
     /// are only prefetched.
     i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) -> ()
 );
+primitive!(
+    /// Rescaled int8 products of the first `w_scales.len()` rows of `w` with
+    /// every token of `a`: `out[t * stride + r] = (acc as f32 * w_scales[r]) *
+    /// a_scales[t]`, `acc` the exact sum (see `Kernels::i8_products`).
+    i8_products(w: &[i8], a: &[i8], k: usize, w_scales: &[f32], a_scales: &[f32], out: &mut [f32], stride: usize) -> ()
+);
+
+/// Whether [`i8_dots`] (and [`i8_products`]) on `isa` packs `tokens` activations (a copy each call,
+/// then outer products over them): callers should then hand it many rows
+/// per call, not a small panel at a time.
+pub fn i8_dots_packs(isa: Isa, tokens: usize) -> bool {
+    isa.usable() == Isa::Avx512Vnni && tokens >= PACKED_MIN_TOKENS
+}
+
 primitive!(
     /// Per row `r`: `Σ x[i] · (q[r·stride + i] - zps[r]) · scales[r]` over int8
     /// codes (f32, `scalar::DOT_LANES` order), into `out[r]`.

@@ -9,6 +9,10 @@ use half::{bf16, f16};
 /// Bits of `+inf` in f32: an absolute value's bits at or above this are non-finite.
 pub const F32_INF_BITS: u32 = 0x7f80_0000;
 
+/// From this many tokens on, `i8_dots` on AVX-512 VNNI packs the activations
+/// (one copy a call) and runs outer products over them.
+pub const PACKED_MIN_TOKENS: usize = 8;
+
 /// A per-group scale rule from the group's max |x| (blockwise, per-token and
 /// per-row schemes): `scale = max_abs / divisor` if `max_abs > 0`, else
 /// `zero_scale`; codes `clamp(round(v / scale), -clip, clip)`, or all 0 when
@@ -210,6 +214,25 @@ pub(crate) trait Kernels {
     /// Bytes of `w` past those rows are not read, only prefetched (the next
     /// call's rows). Exact for any `k` and any bytes (see `scalar::i8_dot`).
     unsafe fn i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]);
+    /// The rescaled W8A8 products of the first `rows = w_scales.len()` rows
+    /// of `w` (stride `k`) with the `tokens = a.len() / k` tokens of `a`:
+    /// `out[t·stride + r] = (acc as f32 · w_scales[r]) · a_scales[t]`, `acc`
+    /// the exact sum of `i8_dots`, in f32, left to right (`rows <= stride`,
+    /// `a_scales.len() >= tokens`, `out` holding `(tokens - 1)·stride + rows`
+    /// values). Bytes of `w` past those rows are only prefetched.
+    #[inline(always)]
+    unsafe fn i8_products(
+        w: &[i8],
+        a: &[i8],
+        k: usize,
+        w_scales: &[f32],
+        a_scales: &[f32],
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { products_via_dots::<Self>(w, a, k, w_scales, a_scales, out, stride) }
+    }
     /// For each row `r < out.len()`: `out[r] = Σ x[i] · ((q[r·stride + i] as
     /// f32 - zps[r]) · scales[r])` over `i < x.len()` (each value dequantized
     /// in f32, a subtraction then a multiplication), in the order of
@@ -288,6 +311,37 @@ pub(crate) trait Kernels {
     /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
     /// the high one, over `min(p.len(), out.len() / 2)` bytes.
     unsafe fn unpack_int4(p: &[u8], out: &mut [i8]);
+}
+
+/// Rows a block of [`products_via_dots`] sums at once.
+const PRODUCT_ROWS: usize = 64;
+
+/// `Kernels::i8_products` through the tier's own `i8_dots`, a block of rows
+/// at a time, then the rescale: the form every tier has.
+#[inline(always)]
+pub(crate) unsafe fn products_via_dots<K: Kernels + ?Sized>(
+    w: &[i8],
+    a: &[i8],
+    k: usize,
+    w_scales: &[f32],
+    a_scales: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rows, tokens) = (w_scales.len().min(w.len() / k), a.len() / k);
+    let mut acc = vec![0i64; PRODUCT_ROWS.min(rows) * tokens];
+    for r0 in (0..rows).step_by(PRODUCT_ROWS) {
+        let n = PRODUCT_ROWS.min(rows - r0);
+        let acc = &mut acc[..n * tokens];
+        // SAFETY: forwarded from this function's contract.
+        unsafe { K::i8_dots(&w[r0 * k..], n, a, k, acc) };
+        for (t, &a_scale) in a_scales[..tokens].iter().enumerate() {
+            let row = &mut out[t * stride + r0..][..n];
+            for (r, o) in row.iter_mut().enumerate() {
+                *o = acc[r * tokens + t] as f32 * w_scales[r0 + r] * a_scale;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -30,7 +30,12 @@ fn dots(isa: Isa, w: &[i8], a: &[i8], k: usize) -> Vec<i64> {
 fn every_isa_matches_scalar_at_odd_lengths() {
     for isa in Isa::supported() {
         for k in (1..=70).chain([127, 128, 129, 191, 4096 + 17]) {
-            for (rows, tokens) in [(1, 1), (4, 1), (5, 2), (9, 3), (3, 5), (8, 4)] {
+            // From 8 tokens on, VNNI packs the tokens (blocks of 16 and 32
+            // lanes) and takes rows in twelves, fours and ones.
+            let shapes = [(1, 1), (4, 1), (5, 2), (9, 3), (3, 5), (8, 4)];
+            let packed = [(13, 8), (17, 16), (5, 17), (25, 33), (1, 40)];
+            let packed = if k % 7 == 0 || k > 70 { &packed[..] } else { &[] };
+            for &(rows, tokens) in shapes.iter().chain(packed) {
                 let w = bytes(rows * k, (k * 31 + rows) as u64);
                 let a = bytes(tokens * k, (k * 17 + tokens) as u64);
                 assert_eq!(
@@ -44,14 +49,45 @@ fn every_isa_matches_scalar_at_odd_lengths() {
 }
 
 #[test]
+fn rescaled_products_match_scalar_on_every_isa() {
+    // i8_products: the exact sums converted and multiplied in f32, written
+    // at a row stride; VNNI fuses it into the packed kernel from 8 tokens.
+    for isa in Isa::supported() {
+        for k in [1usize, 3, 64, 67, 130, 4096 + 5] {
+            for (rows, tokens, stride) in [(1, 1, 1), (5, 3, 7), (13, 8, 13), (25, 33, 30), (12, 17, 12)] {
+                let w = bytes(rows * k + 2 * k, (k * 3 + rows) as u64);
+                let a = bytes(tokens * k, (k * 5 + tokens) as u64);
+                let ws: Vec<f32> = (0..rows).map(|r| 1e-3 * (1 + r % 7) as f32 / 3.0).collect();
+                let at: Vec<f32> = (0..tokens).map(|t| 0.37 / (1 + t) as f32).collect();
+                let run = |isa: Isa| {
+                    let mut out = vec![f32::NAN; (tokens - 1) * stride + rows];
+                    simd::i8_products(isa, &w, &a, k, &ws, &at, &mut out, stride);
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                let want = run(Isa::Scalar);
+                assert_eq!(run(isa), want, "{isa:?} k {k} rows {rows} tokens {tokens}");
+                // The scalar form is the exact sum rescaled left to right.
+                let exact = dots(Isa::Scalar, &w[..rows * k], &a, k);
+                for t in 0..tokens {
+                    for r in 0..rows {
+                        let v = exact[r * tokens + t] as f32 * ws[r] * at[t];
+                        assert_eq!(want[t * stride + r], v.to_bits());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn rows_after_the_asked_ones_are_not_summed() {
     // i8_dots sums `rows` rows; the weight after them is only prefetched.
     for isa in Isa::supported() {
         for k in [1usize, 63, 64, 4096] {
             let w = bytes(70 * k, k as u64);
-            let a = bytes(3 * k, 3);
-            for rows in [0usize, 1, 4, 5, 30] {
-                let mut out = vec![i64::MIN; rows * 3];
+            for (rows, tokens) in [(0usize, 3usize), (1, 3), (4, 3), (5, 3), (30, 3), (13, 9)] {
+                let a = bytes(tokens * k, 3);
+                let mut out = vec![i64::MIN; rows * tokens];
                 simd::i8_dots(isa, &w, rows, &a, k, &mut out);
                 assert_eq!(
                     out,
@@ -72,20 +108,26 @@ fn sums_past_i32_are_exact_on_every_isa() {
     for isa in Isa::supported() {
         for (wv, av) in cases {
             let w = vec![wv; 5 * k];
-            let a = vec![av; 3 * k];
             let want = wv as i64 * av as i64 * k as i64;
-            assert_eq!(dots(isa, &w, &a, k), vec![want; 15], "{isa:?} {wv} x {av}");
+            // 3 tokens: dot products; 9: the packed outer products.
+            for tokens in [3, 9] {
+                let a = vec![av; tokens * k];
+                let got = dots(isa, &w, &a, k);
+                assert_eq!(got, vec![want; 5 * tokens], "{isa:?} {wv} x {av} x {tokens}");
+            }
         }
-        let w = bytes(4 * k + 4 * 3, 5);
-        let a = bytes(2 * (k + 3), 6);
-        assert_eq!(dots(isa, &w, &a, k + 3), dots(Isa::Scalar, &w, &a, k + 3));
+        for tokens in [2, 9] {
+            let w = bytes(4 * k + 4 * 3, 5);
+            let a = bytes(tokens * (k + 3), 6);
+            assert_eq!(dots(isa, &w, &a, k + 3), dots(Isa::Scalar, &w, &a, k + 3));
+        }
     }
     assert_eq!(scalar::i8_dot(&[-128; 3], &[-128; 3]), 3 * 16384);
 }
 
 #[test]
 fn products_do_not_depend_on_isa_or_thread_count() {
-    let (o, i, t) = (700usize, 1000usize, 7usize);
+    let (o, i, t) = (700usize, 1000usize, 20usize);
     let w = bytes(o * i, 9);
     let ws: Vec<f32> = (0..o).map(|r| 1e-3 * (1 + r % 13) as f32).collect();
     let mut r = Rng(77);
