@@ -237,7 +237,9 @@ fn packed_products(
             simd::i8_products(isa, weight, cb, in_f, weight_scales, a_s, out, out_f);
             continue;
         }
-        let rows = out_f.div_ceil(2 * parallel::get_num_threads().max(1)).max(1);
+        let rows = out_f
+            .div_ceil(2 * parallel::get_num_threads().max(1))
+            .max(1);
         let parts: Vec<Vec<f32>> = weight_scales
             .par_chunks(rows)
             .enumerate()
@@ -350,7 +352,11 @@ fn panel(dims: Dims, w: &[i8], w_scales: &[f32], codes: &[i8], a_scales: &[f32])
 /// column `first_row`.
 fn scatter(out: &mut [f32], part: &[f32], first_row: usize, rows: usize, dims: Dims) {
     let Dims { out_f, tokens, .. } = dims;
-    for (o, p) in out.chunks_exact_mut(out_f).zip(part.chunks_exact(rows)).take(tokens) {
+    for (o, p) in out
+        .chunks_exact_mut(out_f)
+        .zip(part.chunks_exact(rows))
+        .take(tokens)
+    {
         o[first_row..first_row + rows].copy_from_slice(p);
     }
 }

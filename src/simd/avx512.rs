@@ -707,11 +707,15 @@ const OUTER_CHUNK_GROUPS: usize = scalar::DOT_CHUNK / 4;
 
 /// Activations laid out for [`outer_tile`]: per block of up to 32 tokens, per
 /// group `g` of four bytes, the group of each token in turn (`lanes` of
-/// them, 16 or 32), each byte offset to unsigned (`code + 128`). Bytes past
-/// `k` and lanes past the block's tokens are 0, so they add nothing.
-fn pack_tokens(a: &[i8], k: usize, tokens: usize, out: &mut Vec<u8>) {
+/// them, 16 or 32), the codes as they are (the signed operand). Bytes past
+/// `k` and lanes past the block's tokens are 0, so they add nothing. `sums`
+/// gets each token's `Σa` (the weight is offset by 128, so `128·Σa` is
+/// taken off each product).
+#[inline(always)]
+fn pack_tokens(a: &[i8], k: usize, tokens: usize, out: &mut Vec<u8>, sums: &mut Vec<i64>) {
     let groups = k.div_ceil(4);
     out.clear();
+    sums.clear();
     for t0 in (0..tokens).step_by(OUTER_TOKENS) {
         let tb = (tokens - t0).min(OUTER_TOKENS);
         let lanes = if tb > 16 { 32 } else { 16 };
@@ -720,19 +724,25 @@ fn pack_tokens(a: &[i8], k: usize, tokens: usize, out: &mut Vec<u8>) {
         let block = &mut out[base..];
         for t in 0..tb {
             let row = &a[(t0 + t) * k..(t0 + t + 1) * k];
+            // i32 partial sums per chunk cannot overflow (2^16 · 128 < 2^31).
+            let sum = row.chunks(scalar::DOT_CHUNK);
+            sums.push(
+                sum.map(|c| c.iter().map(|&v| v as i32).sum::<i32>() as i64)
+                    .sum(),
+            );
             let mut quads = row.chunks_exact(4);
             let mut g = 0;
             for q in &mut quads {
-                let v = u32::from_ne_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
                 let at = (g * lanes + t) * 4;
-                block[at..at + 4].copy_from_slice(&(v ^ 0x8080_8080).to_ne_bytes());
+                block[at..at + 4]
+                    .copy_from_slice(&[q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
                 g += 1;
             }
             let rest = quads.remainder();
             if !rest.is_empty() {
                 let at = (g * lanes + t) * 4;
                 for (d, &v) in block[at..at + rest.len()].iter_mut().zip(rest) {
-                    *d = (v as u8) ^ 0x80;
+                    *d = v as u8;
                 }
             }
         }
@@ -747,13 +757,13 @@ const OUTER_COPY_STRIDE: usize = 4 * OUTER_COPY_GROUPS + 64;
 
 /// `R` weight rows (stride `k`) at `w` against one packed block of `16·NV`
 /// token lanes at `packed`, over the `full` whole groups of four bytes. A
-/// kibibyte of each row at a time is copied into an L1 buffer (twelve
-/// streams read straight from L2 ran at half speed), then per group each
-/// row's four bytes are broadcast and `vpdpbusd`-ed with the block's vectors
-/// (activations unsigned, weights signed); lanes widen to i64 every
+/// kibibyte of each row at a time is copied into an L1 buffer, offset to
+/// unsigned (`w + 128`) on the way (rows 4 KiB apart share one L1 set, and
+/// twelve of them read in place thrashed its eight ways), then per group
+/// each row's four bytes are broadcast and `vpdpbusd`-ed with the block's
+/// vectors (weights unsigned, activations signed); lanes widen to i64 every
 /// [`OUTER_CHUNK_GROUPS`]. `R` rows from `ahead` are fetched into L2
-/// meanwhile. Returns the raw sums `Σ (a + 128) · w` over those groups;
-/// with `row_sums`, also adds each row's `Σ w` over them (from the copy).
+/// meanwhile. Returns the raw sums `Σ (w + 128) · a` over those groups.
 #[inline(always)]
 unsafe fn outer_tile<const R: usize, const NV: usize>(
     w: *const i8,
@@ -761,7 +771,6 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
     packed: *const u8,
     full: usize,
     ahead: Option<*const i8>,
-    mut row_sums: Option<&mut [i64; R]>,
 ) -> [[i64; 32]; R] {
     let mut total = [[0i64; 32]; R];
     let mut buf = [0i8; 12 * OUTER_COPY_STRIDE];
@@ -774,28 +783,22 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
         for c0 in (0..full).step_by(OUTER_COPY_GROUPS) {
             let c1 = (c0 + OUTER_COPY_GROUPS).min(full);
             let bytes = 4 * (c1 - c0);
-            let (flip, zero) = (_mm512_set1_epi8(i8::MIN), _mm512_setzero_si512());
+            let flip = _mm512_set1_epi8(i8::MIN);
             for r in 0..R {
-                let (src, dst) = (w.add(r * k + 4 * c0), buf.as_mut_ptr().add(r * OUTER_COPY_STRIDE));
-                let mut sad = zero;
+                let (src, dst) = (
+                    w.add(r * k + 4 * c0),
+                    buf.as_mut_ptr().add(r * OUTER_COPY_STRIDE),
+                );
                 let mut i = 0;
-                while i < bytes {
-                    let v = if bytes - i >= 64 {
-                        let v = _mm512_loadu_si512(src.add(i).cast());
-                        _mm512_storeu_si512(dst.add(i).cast(), v);
-                        v
-                    } else {
-                        let m = byte_mask(bytes - i);
-                        let v = _mm512_maskz_loadu_epi8(m, src.add(i));
-                        _mm512_mask_storeu_epi8(dst.add(i), m, v);
-                        v
-                    };
-                    // Masked-off bytes load as 0 and count 128, as the rest.
-                    sad = _mm512_add_epi64(sad, _mm512_sad_epu8(_mm512_xor_si512(v, flip), zero));
+                while i + 64 <= bytes {
+                    let v = _mm512_xor_si512(_mm512_loadu_si512(src.add(i).cast()), flip);
+                    _mm512_storeu_si512(dst.add(i).cast(), v);
                     i += 64;
                 }
-                if let Some(sums) = row_sums.as_deref_mut() {
-                    sums[r] += _mm512_reduce_add_epi64(sad) - 128 * i as i64;
+                if i < bytes {
+                    let m = byte_mask(bytes - i);
+                    let v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, src.add(i)), flip);
+                    _mm512_mask_storeu_epi8(dst.add(i), m, v);
                 }
             }
             // A line (16 groups) at a time; the next tile's rows come into
@@ -815,12 +818,12 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
                         let at = buf.as_ptr().add(r * OUTER_COPY_STRIDE + 4 * (g - c0));
                         let wb = _mm512_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
                         for (x, a) in acc.iter_mut().zip(av) {
-                            *x = _mm512_dpbusd_epi32(*x, a, wb);
+                            *x = _mm512_dpbusd_epi32(*x, wb, a);
                         }
                     }
                 }
             }
-            if c1 % OUTER_CHUNK_GROUPS == 0 || c1 == full {
+            if c1.is_multiple_of(OUTER_CHUNK_GROUPS) || c1 == full {
                 for (tot, acc) in total.iter_mut().zip(acc.iter_mut()) {
                     for (v, x) in acc.iter_mut().enumerate() {
                         let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(*x));
@@ -842,14 +845,14 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
 
 /// `R` (<= 12) rows from row `r0` against every packed block: the whole
 /// groups through [`outer_tile`], the last partial group (k not a multiple
-/// of 4) from a zero-padded copy of each row's tail, less `128·Σw` per row,
-/// into `out[(r0 + r) * tokens + t]`.
+/// of 4) from a copy of each row's tail, less `128·Σa` per token
+/// (`token_sums`), into `out`.
 #[inline(always)]
 unsafe fn outer_rows<const R: usize>(
     w: &[i8],
     r0: usize,
     k: usize,
-    packed: &[u8],
+    (packed, token_sums): (&[u8], &[i64]),
     tokens: usize,
     out: &mut Products<'_>,
 ) {
@@ -860,15 +863,14 @@ unsafe fn outer_rows<const R: usize>(
     unsafe {
         let wp = w.as_ptr().add(r0 * k);
         let ahead = rows_ahead::<i8, R>(wp, k, w.len() - r0 * k);
-        // Σw per row: the whole groups' part from the first block's copies.
-        let mut sums = [0i64; R];
+        // The partial group's weight bytes, offset like the rest (the
+        // activation is 0 past k, so the padding's value does not matter).
         let mut tail = [0i32; R];
         for (r, t) in tail.iter_mut().enumerate() {
             let row = &w[(r0 + r) * k..(r0 + r + 1) * k];
             let mut quad = [0u8; 4];
             for (q, &v) in quad.iter_mut().zip(&row[4 * full..]) {
-                *q = v as u8;
-                sums[r] += v as i64;
+                *q = (v as u8) ^ 0x80;
             }
             *t = i32::from_le_bytes(quad);
         }
@@ -878,11 +880,10 @@ unsafe fn outer_rows<const R: usize>(
             let lanes = if tb > 16 { 32 } else { 16 };
             let block = packed.as_ptr().add(at);
             at += groups * lanes * 4;
-            let row_sums = (t0 == 0).then_some(&mut sums);
             let mut total = if lanes == 32 {
-                outer_tile::<R, 2>(wp, k, block, full, ahead, row_sums)
+                outer_tile::<R, 2>(wp, k, block, full, ahead)
             } else {
-                outer_tile::<R, 1>(wp, k, block, full, ahead, row_sums)
+                outer_tile::<R, 1>(wp, k, block, full, ahead)
             };
             if full < groups {
                 // The partial group: its packed bytes past k are 0.
@@ -890,7 +891,7 @@ unsafe fn outer_rows<const R: usize>(
                     let wb = _mm512_set1_epi32(quad);
                     for v in 0..lanes / 16 {
                         let a = _mm512_loadu_si512(block.add((full * lanes / 16 + v) * 64).cast());
-                        let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, wb);
+                        let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb, a);
                         let mut lane = [0i32; 16];
                         _mm512_storeu_si512(lane.as_mut_ptr().cast(), d);
                         for (x, &l) in tot[16 * v..16 * v + 16].iter_mut().zip(&lane) {
@@ -901,10 +902,11 @@ unsafe fn outer_rows<const R: usize>(
             }
             match out {
                 Products::Raw(out) => {
+                    let sums = &token_sums[t0..t0 + tb];
                     for (r, tot) in total.iter().enumerate() {
                         let row = &mut out[(r0 + r) * tokens + t0..][..tb];
-                        for (o, &x) in row.iter_mut().zip(tot) {
-                            *o = x - 128 * sums[r];
+                        for ((o, &x), &s) in row.iter_mut().zip(tot).zip(sums) {
+                            *o = x - 128 * s;
                         }
                     }
                 }
@@ -917,8 +919,9 @@ unsafe fn outer_rows<const R: usize>(
                     // Token by token: R neighbouring outputs of its row.
                     for (j, &a_scale) in a_scales[t0..t0 + tb].iter().enumerate() {
                         let row = &mut out[(t0 + j) * *stride + r0..][..R];
+                        let offset = 128 * token_sums[t0 + j];
                         for (r, o) in row.iter_mut().enumerate() {
-                            let exact = total[r][j] - 128 * sums[r];
+                            let exact = total[r][j] - offset;
                             *o = exact as f32 * w_scales[r0 + r] * a_scale;
                         }
                     }
@@ -950,27 +953,25 @@ enum Products<'a> {
 unsafe fn outer_all(w: &[i8], rows: usize, a: &[i8], k: usize, mut out: Products<'_>) -> bool {
     let tokens = a.len() / k;
     let blocks = tokens.div_ceil(OUTER_TOKENS);
-    let mut packed = Vec::new();
-    if packed
-        .try_reserve_exact(blocks * k.div_ceil(4) * OUTER_TOKENS * 4)
-        .is_err()
-    {
+    let (mut packed, mut sums) = (Vec::new(), Vec::new());
+    let room = packed.try_reserve_exact(blocks * k.div_ceil(4) * OUTER_TOKENS * 4);
+    if room.is_err() || sums.try_reserve_exact(tokens).is_err() {
         return false;
     }
-    pack_tokens(a, k, tokens, &mut packed);
+    pack_tokens(a, k, tokens, &mut packed, &mut sums);
     let mut r = 0;
     // SAFETY: AVX-512F/BW/VNNI per the caller; every tile stays inside `rows`.
     unsafe {
         while r + 12 <= rows {
-            outer_rows::<12>(w, r, k, &packed, tokens, &mut out);
+            outer_rows::<12>(w, r, k, (&packed, &sums), tokens, &mut out);
             r += 12;
         }
         while r + 4 <= rows {
-            outer_rows::<4>(w, r, k, &packed, tokens, &mut out);
+            outer_rows::<4>(w, r, k, (&packed, &sums), tokens, &mut out);
             r += 4;
         }
         while r < rows {
-            outer_rows::<1>(w, r, k, &packed, tokens, &mut out);
+            outer_rows::<1>(w, r, k, (&packed, &sums), tokens, &mut out);
             r += 1;
         }
     }
@@ -986,7 +987,10 @@ const SUM_BLOCK: usize = 64;
 unsafe fn dots_all<const VNNI: bool>(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) {
     let (rows, tokens) = (rows.min(w.len() / k), a.len() / k);
     // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
-    if VNNI && tokens >= PACKED_MIN_TOKENS && unsafe { outer_all(w, rows, a, k, Products::Raw(out)) } {
+    if VNNI
+        && tokens >= PACKED_MIN_TOKENS
+        && unsafe { outer_all(w, rows, a, k, Products::Raw(out)) }
+    {
         return;
     }
     // SAFETY: AVX-512F/BW(/VNNI) per the caller; every tile reads whole rows

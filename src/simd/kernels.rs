@@ -11,7 +11,7 @@ pub const F32_INF_BITS: u32 = 0x7f80_0000;
 
 /// From this many tokens on, `i8_dots` on AVX-512 VNNI packs the activations
 /// (one copy a call) and runs outer products over them.
-pub const PACKED_MIN_TOKENS: usize = 8;
+pub const PACKED_MIN_TOKENS: usize = 16;
 
 /// A per-group scale rule from the group's max |x| (blockwise, per-token and
 /// per-row schemes): `scale = max_abs / divisor` if `max_abs > 0`, else

@@ -30,11 +30,15 @@ fn dots(isa: Isa, w: &[i8], a: &[i8], k: usize) -> Vec<i64> {
 fn every_isa_matches_scalar_at_odd_lengths() {
     for isa in Isa::supported() {
         for k in (1..=70).chain([127, 128, 129, 191, 4096 + 17]) {
-            // From 8 tokens on, VNNI packs the tokens (blocks of 16 and 32
+            // From 16 tokens on, VNNI packs the tokens (blocks of 16 and 32
             // lanes) and takes rows in twelves, fours and ones.
             let shapes = [(1, 1), (4, 1), (5, 2), (9, 3), (3, 5), (8, 4)];
             let packed = [(13, 8), (17, 16), (5, 17), (25, 33), (1, 40)];
-            let packed = if k % 7 == 0 || k > 70 { &packed[..] } else { &[] };
+            let packed = if k % 7 == 0 || k > 70 {
+                &packed[..]
+            } else {
+                &[]
+            };
             for &(rows, tokens) in shapes.iter().chain(packed) {
                 let w = bytes(rows * k, (k * 31 + rows) as u64);
                 let a = bytes(tokens * k, (k * 17 + tokens) as u64);
@@ -54,7 +58,13 @@ fn rescaled_products_match_scalar_on_every_isa() {
     // at a row stride; VNNI fuses it into the packed kernel from 8 tokens.
     for isa in Isa::supported() {
         for k in [1usize, 3, 64, 67, 130, 4096 + 5] {
-            for (rows, tokens, stride) in [(1, 1, 1), (5, 3, 7), (13, 8, 13), (25, 33, 30), (12, 17, 12)] {
+            for (rows, tokens, stride) in [
+                (1, 1, 1),
+                (5, 3, 7),
+                (13, 8, 13),
+                (25, 33, 30),
+                (12, 17, 12),
+            ] {
                 let w = bytes(rows * k + 2 * k, (k * 3 + rows) as u64);
                 let a = bytes(tokens * k, (k * 5 + tokens) as u64);
                 let ws: Vec<f32> = (0..rows).map(|r| 1e-3 * (1 + r % 7) as f32 / 3.0).collect();
@@ -85,7 +95,7 @@ fn rows_after_the_asked_ones_are_not_summed() {
     for isa in Isa::supported() {
         for k in [1usize, 63, 64, 4096] {
             let w = bytes(70 * k, k as u64);
-            for (rows, tokens) in [(0usize, 3usize), (1, 3), (4, 3), (5, 3), (30, 3), (13, 9)] {
+            for (rows, tokens) in [(0usize, 3usize), (1, 3), (4, 3), (5, 3), (30, 3), (13, 17)] {
                 let a = bytes(tokens * k, 3);
                 let mut out = vec![i64::MIN; rows * tokens];
                 simd::i8_dots(isa, &w, rows, &a, k, &mut out);
@@ -100,6 +110,14 @@ fn rows_after_the_asked_ones_are_not_summed() {
 }
 
 #[test]
+fn the_cases_reach_both_forms() {
+    // The shapes above and below take the dot products (few tokens) and the
+    // packed outer products (many) on VNNI.
+    assert!(3 < simd::PACKED_MIN_TOKENS && 17 >= simd::PACKED_MIN_TOKENS);
+    assert!(33 > 2 * simd::PACKED_MIN_TOKENS, "two packed blocks");
+}
+
+#[test]
 fn sums_past_i32_are_exact_on_every_isa() {
     // 200,000 products of 127·127 (3.2e9) and of (-128)·(-128) (3.3e9) both
     // overflow i32; mixed-sign extremes too.
@@ -109,14 +127,18 @@ fn sums_past_i32_are_exact_on_every_isa() {
         for (wv, av) in cases {
             let w = vec![wv; 5 * k];
             let want = wv as i64 * av as i64 * k as i64;
-            // 3 tokens: dot products; 9: the packed outer products.
-            for tokens in [3, 9] {
+            // 3 tokens: dot products; 17: the packed outer products.
+            for tokens in [3, 17] {
                 let a = vec![av; tokens * k];
                 let got = dots(isa, &w, &a, k);
-                assert_eq!(got, vec![want; 5 * tokens], "{isa:?} {wv} x {av} x {tokens}");
+                assert_eq!(
+                    got,
+                    vec![want; 5 * tokens],
+                    "{isa:?} {wv} x {av} x {tokens}"
+                );
             }
         }
-        for tokens in [2, 9] {
+        for tokens in [2, 17] {
             let w = bytes(4 * k + 4 * 3, 5);
             let a = bytes(tokens * (k + 3), 6);
             assert_eq!(dots(isa, &w, &a, k + 3), dots(Isa::Scalar, &w, &a, k + 3));
