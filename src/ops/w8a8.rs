@@ -13,7 +13,10 @@
 //!
 //! Work is split by output rows across the pool; a batch is tiled so each
 //! panel of weight rows is read from memory once for a block of tokens that
-//! stays in cache. Results do not depend on the split.
+//! stays in cache. From [`crate::simd::PACKED_MIN_TOKENS`] tokens on, AVX-512
+//! VNNI packs each block of tokens once and rescales in the kernel
+//! ([`crate::simd::i8_products`]). Results do not depend on the split or the
+//! path: every one is the exact sum, rescaled the same way.
 //!
 //! ```
 //! # fn main() -> Result<(), ferroquant::QuantError> {
