@@ -48,7 +48,8 @@ const PREFETCH_BYTES: usize = 32 * 1024;
 fn rows_ahead<T, const R: usize>(base: *const T, stride: usize, len: usize) -> Option<*const T> {
     let bytes = stride.max(1) * std::mem::size_of::<T>();
     let rows = PREFETCH_BYTES.div_ceil(bytes).div_ceil(R).max(1) * R;
-    (len >= (rows + R) * stride).then(|| base.wrapping_add(rows * stride))
+    let need = (rows + R).checked_mul(stride)?;
+    (len >= need).then(|| base.wrapping_add(rows * stride))
 }
 
 /// Affine codes of fewer than 16 f32 values (masked load and store).
@@ -1186,7 +1187,7 @@ unsafe fn rows_i8<const R: usize, const ZP: bool>(
         // weight streams from memory once; the prefetcher alone left it idle).
         let next = rows_ahead::<i8, R>(q.as_ptr(), stride, q.len());
         for i in (0..body).step_by(64) {
-            let ahead = next.map(|a| a.add(i));
+            let ahead = next.map(|a| a.wrapping_add(i));
             let (qp, xp) = (q.as_ptr().add(i), x.as_ptr().add(i));
             step_i8::<R, ZP>(qp, stride, xp, &zp, &sv, &mut acc, ahead);
         }
@@ -1244,7 +1245,7 @@ unsafe fn rows_i4<const R: usize>(
         let next = rows_ahead::<u8, R>(p.as_ptr(), stride, p.len());
         for i in (0..body).step_by(64) {
             // One line a row every other step: each step reads 32 bytes a row.
-            let ahead = next.filter(|_| i % 128 == 0).map(|a| a.add(i / 2));
+            let ahead = next.filter(|_| i % 128 == 0).map(|a| a.wrapping_add(i / 2));
             let (pp, xp) = (p.as_ptr().add(i / 2), xs.as_ptr().add(i));
             step_i4::<R>(pp, stride, xp, &table, &mut acc, ahead);
         }
@@ -1291,6 +1292,9 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
             // One row at a time: four rows' accumulators, scales and zero
             // points spilled out of the 32 registers and ran at half speed.
             while r < rows {
+                // The row's own codes must exist (a panic, as the other
+                // tiers); the codes after it are only prefetched.
+                let _ = &q[r * stride..r * stride + x.len()];
                 let (q, z, s) = (&q[r * stride..], &zps[r..], &scales[r..]);
                 out[r] = if zps[r] == 0.0 {
                     rows_i8::<1, false>(q, stride, z, s, x)[0]
@@ -1319,6 +1323,9 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
             // One row at a time, as the int8 rows (no faster in fours here,
             // with more register pressure).
             while r < rows {
+                // The row's own bytes must exist (a panic, as the other
+                // tiers); the bytes after it are only prefetched.
+                let _ = &p[r * stride..r * stride + n.div_ceil(2)];
                 out[r] = rows_i4::<1>(&p[r * stride..], stride, n, &zps[r..], &scales[r..], xs)[0];
                 r += 1;
             }

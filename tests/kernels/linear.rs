@@ -41,6 +41,29 @@ fn dots_i4(isa: Isa, p: &[u8], stride: usize, n: usize, zps: &[f32], xs: &[f32])
 }
 
 #[test]
+fn rows_shorter_than_the_activation_panic_on_every_isa() {
+    // A safe function: a row without x.len() codes is a panic, never a read
+    // past the slice (an adversarial review found the AVX-512 path reading on).
+    for isa in Isa::supported() {
+        let x = vec![1.0f32; 4096];
+        let mut out = [0f32; 1];
+        let i8_short = std::panic::catch_unwind(|| {
+            let mut out = [0f32; 1];
+            simd::dot_dequant_i8_rows(isa, &[1i8; 64], 64, &[0.0], &[1.0], &x, &mut out);
+        });
+        assert!(i8_short.is_err(), "{isa:?}");
+        let i4_short = std::panic::catch_unwind(|| {
+            let mut out = [0f32; 1];
+            simd::dot_dequant_i4_rows(isa, &[0x11u8; 32], 32, 4096, &[0.0], &[1.0], &x, &mut out);
+        });
+        assert!(i4_short.is_err(), "{isa:?}");
+        // Whole rows are fine.
+        simd::dot_dequant_i8_rows(isa, &[1i8; 4096], 4096, &[0.0], &[1.0], &x, &mut out);
+        assert_eq!(out[0], 4096.0);
+    }
+}
+
+#[test]
 fn dequantizing_dots_match_scalar_on_every_isa() {
     for isa in Isa::supported() {
         for n in (0..200).chain([1000, 4096 + 63]) {

@@ -113,8 +113,8 @@ fn rows_after_the_asked_ones_are_not_summed() {
 fn the_cases_reach_both_forms() {
     // The shapes above and below take the dot products (few tokens) and the
     // packed outer products (many) on VNNI.
-    assert!(3 < simd::PACKED_MIN_TOKENS && 17 >= simd::PACKED_MIN_TOKENS);
-    assert!(33 > 2 * simd::PACKED_MIN_TOKENS, "two packed blocks");
+    const { assert!(3 < simd::PACKED_MIN_TOKENS && 17 >= simd::PACKED_MIN_TOKENS) };
+    const { assert!(33 > 2 * simd::PACKED_MIN_TOKENS, "two packed blocks") };
 }
 
 #[test]
