@@ -187,25 +187,25 @@ pub fn w8a8_matmul_with<T: Float>(
         tokens,
     };
     parallel::run(weight.len().saturating_mul(tokens), |par| {
-        if simd::i8_dots_packs(isa, tokens.min(block_tokens(in_f))) {
-            packed_products(dims, weight, weight_scales, codes, &a_scales, out, par);
-            return;
-        }
-        let rows = panel_rows(in_f);
-        // Each panel gets the weight from its first row to the end: it reads
-        // its own rows and prefetches the next panel's first ones.
+        let rows = part_rows(dims, par);
+        // Each part gets the weight from its first row to the end: it reads
+        // its own rows and prefetches the next part's first ones.
         let from = |p: usize| &weight[p * rows * in_f..];
         if !par {
             for (p, sp) in weight_scales.chunks(rows).enumerate() {
-                let part = panel(dims, from(p), sp, codes, &a_scales);
-                scatter(out, &part, p * rows, sp.len(), dims);
+                let out = &mut out[p * rows..];
+                products(dims, from(p), sp, codes, &a_scales, out, out_f);
             }
             return;
         }
         let parts: Vec<Vec<f32>> = weight_scales
             .par_chunks(rows)
             .enumerate()
-            .map(|(p, sp)| panel(dims, from(p), sp, codes, &a_scales))
+            .map(|(p, sp)| {
+                let mut part = vec![0f32; tokens * sp.len()];
+                products(dims, from(p), sp, codes, &a_scales, &mut part, sp.len());
+                part
+            })
             .collect();
         for (p, part) in parts.iter().enumerate() {
             let n = part.len() / tokens;
@@ -213,53 +213,6 @@ pub fn w8a8_matmul_with<T: Float>(
         }
     });
     Ok(())
-}
-
-/// The products where the kernel packs the tokens (a copy a call) and
-/// rescales in place ([`simd::i8_products`]): each block of tokens against
-/// all rows in one call, written straight into `out`; with the pool, the
-/// rows in two parts a thread, each into its own `[tokens][rows]` part.
-fn packed_products(
-    dims: Dims,
-    weight: &[i8],
-    weight_scales: &[f32],
-    codes: &[i8],
-    a_scales: &[f32],
-    out: &mut [f32],
-    par: bool,
-) {
-    let Dims {
-        isa, in_f, out_f, ..
-    } = dims;
-    let block = block_tokens(in_f);
-    for (b, cb) in codes.chunks(block * in_f).enumerate() {
-        let (t0, bt) = (b * block, cb.len() / in_f);
-        let a_s = &a_scales[t0..t0 + bt];
-        let out = &mut out[t0 * out_f..(t0 + bt) * out_f];
-        if !par {
-            simd::i8_products(isa, weight, cb, in_f, weight_scales, a_s, out, out_f);
-            continue;
-        }
-        let rows = out_f
-            .div_ceil(2 * parallel::get_num_threads().max(1))
-            .max(1);
-        let parts: Vec<Vec<f32>> = weight_scales
-            .par_chunks(rows)
-            .enumerate()
-            .map(|(p, sp)| {
-                let mut part = vec![0f32; bt * sp.len()];
-                let w = &weight[p * rows * in_f..];
-                simd::i8_products(isa, w, cb, in_f, sp, a_s, &mut part, sp.len());
-                part
-            })
-            .collect();
-        for (p, part) in parts.iter().enumerate() {
-            let n = part.len() / bt;
-            for (o, v) in out.chunks_exact_mut(out_f).zip(part.chunks_exact(n)) {
-                o[p * rows..p * rows + n].copy_from_slice(v);
-            }
-        }
-    }
 }
 
 fn mismatch(arg: &'static str, expected: String, actual: usize) -> QuantError {
@@ -319,39 +272,50 @@ fn panel_rows(in_f: usize) -> usize {
     ((PANEL_BYTES / in_f.max(1)) / 4 * 4).clamp(4, 1024)
 }
 
-/// One panel of weight rows (the first `w_scales.len()` rows of `w`) against
-/// every token, as `[tokens][rows]` f32 results: token blocks that fit
-/// [`TOKEN_BLOCK_BYTES`] pass over the panel while it stays in cache.
-fn panel(dims: Dims, w: &[i8], w_scales: &[f32], codes: &[i8], a_scales: &[f32]) -> Vec<f32> {
+/// Weight rows in one part of the work: a panel that stays in cache while
+/// every block of tokens passes over it, or, where the kernel packs the
+/// tokens (a copy a call), the most rows a call: all of them, or two parts
+/// a thread with the pool.
+fn part_rows(dims: Dims, par: bool) -> usize {
     let Dims {
-        isa, in_f, tokens, ..
+        isa,
+        in_f,
+        out_f,
+        tokens,
     } = dims;
-    let rows = w_scales.len();
-    let block = block_tokens(in_f).min(tokens.max(2));
-    let mut acc = vec![0i64; rows * block.min(tokens)];
-    let mut res = vec![0f32; rows * tokens];
-    for (b, cb) in codes.chunks(block * in_f).enumerate() {
-        let bt = cb.len() / in_f;
-        let acc = &mut acc[..rows * bt];
-        simd::i8_dots(isa, w, rows, cb, in_f, acc);
-        let res = &mut res[b * block * rows..];
-        // Sixteen rows at a time, so the transposed writes stay in a few
-        // lines per token (row by row, they hit one L1 set per token).
-        for r0 in (0..rows).step_by(16) {
-            let r1 = (r0 + 16).min(rows);
-            for (j, res) in res.chunks_exact_mut(rows).take(bt).enumerate() {
-                let a_scale = a_scales[b * block + j];
-                for r in r0..r1 {
-                    // The seed's `acc as f32 * w_scale * act_scale`, left to right.
-                    res[r] = acc[r * bt + j] as f32 * w_scales[r] * a_scale;
-                }
-            }
-        }
+    if !simd::i8_dots_packs(isa, tokens.min(block_tokens(in_f))) {
+        panel_rows(in_f)
+    } else if par {
+        out_f
+            .div_ceil(2 * parallel::get_num_threads().max(1))
+            .max(1)
+    } else {
+        out_f.max(1)
     }
-    res
 }
 
-/// Copy a panel's `[tokens][rows]` results into `out[tokens][out_f]` from
+/// One part of weight rows (the first `w_scales.len()` rows of `w`) against
+/// every token, block by block ([`TOKEN_BLOCK_BYTES`] of tokens), rescaled
+/// by the kernel into `out[t * stride + r]`.
+fn products(
+    dims: Dims,
+    w: &[i8],
+    w_scales: &[f32],
+    codes: &[i8],
+    a_scales: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let Dims { isa, in_f, .. } = dims;
+    let block = block_tokens(in_f);
+    for (b, cb) in codes.chunks(block * in_f).enumerate() {
+        let (t0, bt) = (b * block, cb.len() / in_f);
+        let (a_s, out) = (&a_scales[t0..t0 + bt], &mut out[t0 * stride..]);
+        simd::i8_products(isa, w, cb, in_f, w_scales, a_s, out, stride);
+    }
+}
+
+/// Copy a part's `[tokens][rows]` results into `out[tokens][out_f]` from
 /// column `first_row`.
 fn scatter(out: &mut [f32], part: &[f32], first_row: usize, rows: usize, dims: Dims) {
     let Dims { out_f, tokens, .. } = dims;
