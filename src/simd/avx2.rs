@@ -177,15 +177,14 @@ unsafe fn dots_rows<const R: usize>(w: &[i8], a: &[i8], k: usize) -> [i64; R] {
 }
 
 /// 64 steps of the dequantizing dot product into eight 8-lane accumulators
-/// (lanes 8j..8j+8), `d(i) = q[i] - zp`.
+/// (lanes 8j..8j+8), `d(i) = q[i] - zp` (the row's scale comes after the sum).
 #[inline(always)]
-unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m256, s: __m256, acc: &mut [__m256; 8]) {
+unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m256, acc: &mut [__m256; 8]) {
     // SAFETY: the caller guarantees 64 codes at `q`, 64 floats at `x`, AVX2/FMA.
     unsafe {
         for (j, a) in acc.iter_mut().enumerate() {
             let c = _mm_loadl_epi64(q.add(8 * j).cast());
-            let v = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), zp);
-            let d = _mm256_mul_ps(v, s);
+            let d = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), zp);
             *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * j)), d, *a);
         }
     }
@@ -245,18 +244,18 @@ unsafe fn dot_i8(q: &[i8], zp: f32, scale: f32, x: &[f32]) -> f32 {
     // SAFETY: AVX2/FMA per the Kernels contract; full steps read inside
     // `q` and `x`; the tail runs on zero-padded copies.
     unsafe {
-        let (zpv, sv) = (_mm256_set1_ps(zp), _mm256_set1_ps(scale));
+        let zpv = _mm256_set1_ps(zp);
         let mut acc = [_mm256_setzero_ps(); 8];
         for i in (0..body).step_by(64) {
-            dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, sv, &mut acc);
+            dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
         }
         if body < n {
             let (mut qt, mut xt) = ([0i8; 64], [0f32; 64]);
             qt[..n - body].copy_from_slice(&q[body..n]);
             xt[..n - body].copy_from_slice(&x[body..n]);
-            dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
+            dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
         }
-        tree64(acc)
+        tree64(acc) * scale
     }
 }
 

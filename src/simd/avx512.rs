@@ -1087,7 +1087,8 @@ unsafe fn tree64(a: [__m512; 4]) -> f32 {
 
 /// One 64-element step of the dequantizing dot product for `R` rows of
 /// int8 codes at `q` (row stride `stride`) against 64 floats at `x`:
-/// `acc[r][j] += x[16j..] · ((q[r][16j..] - zp[r]) · s[r])`, the x loads shared.
+/// `acc[r][j] += x[16j..] · (q[r][16j..] - zp[r])`, the x loads shared (the
+/// row's scale multiplies the sum once).
 /// `ZP == false`: every zero point is ±0, so the subtraction (exact, and
 /// `q - ±0 == q` with no signed zero to keep) is left out.
 #[inline(always)]
@@ -1097,7 +1098,6 @@ unsafe fn step_i8<const R: usize, const ZP: bool>(
     stride: usize,
     x: *const f32,
     zp: &[__m512; R],
-    s: &[__m512; R],
     acc: &mut [[__m512; 4]; R],
     ahead: Option<*const i8>,
 ) {
@@ -1114,8 +1114,7 @@ unsafe fn step_i8<const R: usize, const ZP: bool>(
             for r in 0..R {
                 let c = _mm_loadu_si128(q.add(r * stride + 16 * j).cast());
                 let v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c));
-                let v = if ZP { _mm512_sub_ps(v, zp[r]) } else { v };
-                let d = _mm512_mul_ps(v, s[r]);
+                let d = if ZP { _mm512_sub_ps(v, zp[r]) } else { v };
                 acc[r][j] = _mm512_fmadd_ps(xv, d, acc[r][j]);
             }
         }
@@ -1177,10 +1176,9 @@ unsafe fn rows_i8<const R: usize, const ZP: bool>(
     // the tail runs on zero-padded copies (a zero x adds nothing to a lane,
     // which is never -0).
     unsafe {
-        let (mut zp, mut sv) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        let mut zp = [_mm512_setzero_ps(); R];
         for r in 0..R {
             zp[r] = _mm512_set1_ps(zps[r]);
-            sv[r] = _mm512_set1_ps(scales[r]);
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         // Rows further on, fetched into L2 while these are summed (the
@@ -1189,7 +1187,7 @@ unsafe fn rows_i8<const R: usize, const ZP: bool>(
         for i in (0..body).step_by(64) {
             let ahead = next.map(|a| a.wrapping_add(i));
             let (qp, xp) = (q.as_ptr().add(i), x.as_ptr().add(i));
-            step_i8::<R, ZP>(qp, stride, xp, &zp, &sv, &mut acc, ahead);
+            step_i8::<R, ZP>(qp, stride, xp, &zp, &mut acc, ahead);
         }
         if body < n {
             let mut qt = [[0i8; 64]; R];
@@ -1198,19 +1196,11 @@ unsafe fn rows_i8<const R: usize, const ZP: bool>(
                 t[..n - body].copy_from_slice(&q[r * stride + body..r * stride + n]);
             }
             xt[..n - body].copy_from_slice(&x[body..n]);
-            step_i8::<R, ZP>(
-                qt.as_ptr().cast(),
-                64,
-                xt.as_ptr(),
-                &zp,
-                &sv,
-                &mut acc,
-                None,
-            );
+            step_i8::<R, ZP>(qt.as_ptr().cast(), 64, xt.as_ptr(), &zp, &mut acc, None);
         }
         let mut out = [0f32; R];
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = tree64(a);
+        for ((o, a), s) in out.iter_mut().zip(acc).zip(scales) {
+            *o = tree64(a) * s;
         }
         out
     }

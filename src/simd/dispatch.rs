@@ -180,8 +180,8 @@ pub fn i8_dots_packs(isa: Isa, tokens: usize) -> bool {
 }
 
 primitive!(
-    /// Per row `r`: `Σ x[i] · (q[r·stride + i] - zps[r]) · scales[r]` over int8
-    /// codes (f32, `scalar::DOT_LANES` order), into `out[r]`.
+    /// Per row `r`: `(Σ x[i] · (q[r·stride + i] - zps[r])) · scales[r]` over
+    /// int8 codes (f32, `scalar::DOT_LANES` order, scaled once), into `out[r]`.
     dot_dequant_i8_rows(q: &[i8], stride: usize, zps: &[f32], scales: &[f32], x: &[f32], out: &mut [f32]) -> ()
 );
 primitive!(

@@ -233,10 +233,13 @@ pub(crate) trait Kernels {
         // SAFETY: forwarded from this function's contract.
         unsafe { products_via_dots::<Self>(w, a, k, w_scales, a_scales, out, stride) }
     }
-    /// For each row `r < out.len()`: `out[r] = Σ x[i] · ((q[r·stride + i] as
-    /// f32 - zps[r]) · scales[r])` over `i < x.len()` (each value dequantized
-    /// in f32, a subtraction then a multiplication), in the order of
-    /// `scalar::dot_lanes` (64 lanes of fused multiply-adds, then a tree).
+    /// For each row `r < out.len()`: `out[r] = (Σ x[i] · (q[r·stride + i] as
+    /// f32 - zps[r])) · scales[r]` over `i < x.len()`, the sum in the order
+    /// of `scalar::dot_lanes` (64 lanes of fused multiply-adds, then a tree)
+    /// and scaled once. The caller keeps subnormal `x` away (a product of
+    /// one with a small code would round to the subnormal grid, where the
+    /// scale could magnify the error) and redoes a non-finite result (the
+    /// unscaled sum can leave float32's range where the scaled one would not).
     unsafe fn dot_dequant_i8_rows(
         q: &[i8],
         stride: usize,

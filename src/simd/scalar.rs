@@ -156,7 +156,7 @@ impl Kernels for Scalar {
     ) {
         for (r, (o, (&zp, &s))) in out.iter_mut().zip(zps.iter().zip(scales)).enumerate() {
             let row = &q[r * stride..r * stride + x.len()];
-            *o = dot_lanes(x, |i| (row[i] as f32 - zp) * s);
+            *o = dot_lanes(x, |i| row[i] as f32 - zp) * s;
         }
     }
 

@@ -106,15 +106,16 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
             }
         }
     }
-    // The scalar order is the documented one: 64 lanes, then a tree.
+    // The scalar order is the documented one: 64 lanes, then a tree; int8
+    // scales the sum once.
     let x: Vec<f32> = (0..130).map(|i| 1.0 + i as f32 * 1e-3).collect();
-    let q = vec![1i8; 130];
+    let q: Vec<i8> = (0..130).map(|i| (i % 7) as i8 - 3).collect();
     let mut lanes = [0f32; scalar::DOT_LANES];
     for (i, v) in x.iter().enumerate() {
-        lanes[i % 64] = v.mul_add(0.013, lanes[i % 64]);
+        lanes[i % 64] = v.mul_add(q[i] as f32 - 2.0, lanes[i % 64]);
     }
-    let want = scalar::lanes_tree_sum(lanes).to_bits();
-    assert_eq!(dots_i8(Isa::Scalar, &q, 130, &[0.0], &x), vec![want]);
+    let want = (scalar::lanes_tree_sum(lanes) * 0.013).to_bits();
+    assert_eq!(dots_i8(Isa::Scalar, &q, 130, &[2.0], &x), vec![want]);
     // int4: the same sum over the split order, each element once.
     let p = vec![0x11u8; 65];
     let xs = scalar::split_pairs(&x);
@@ -237,5 +238,40 @@ fn forward_does_not_depend_on_the_thread_count() {
         });
         assert_eq!(runs[0], runs[1]);
         assert_eq!(runs[0], runs[2]);
+    }
+}
+
+#[test]
+fn forward_is_within_f32_rounding_at_the_edges_of_the_range() {
+    // The int8 dot path sums x · (q − zp) and scales once. Two inputs where
+    // that alone would not do: subnormal activations under a huge scale (the
+    // products would round to the subnormal grid first), and huge activations
+    // under a tiny scale (the unscaled sum overflows where the result does not).
+    let (o, i) = (6usize, 200usize);
+    let q = codes(o * i, 21);
+    let zps: Vec<f64> = (0..o).map(|r| [0.0, 3.0, 2.5][r % 3]).collect();
+    let cases: [(f64, f32); 2] = [(1.0e30, 2.0e-45), (1.0e-30, 3.0e37)];
+    for (scale, magnitude) in cases {
+        let scales = vec![scale; o];
+        let mut x: Vec<f32> = floats(i, 4).iter().map(|v| v * magnitude).collect();
+        x[7] = 0.0;
+        let bias = vec![0f32; o];
+        let (want, bound) = reference(&q, &scales, &zps, [o, i], &x, &bias);
+        let w = QuantizedWeight {
+            codes: WeightCodes::Int8(&q),
+            shape: [o, i],
+            scales: &scales,
+            zero_points: &zps,
+        };
+        for isa in Isa::supported() {
+            let mut out = vec![f32::NAN; o];
+            linear_forward_with(isa, &w, &x, 1, Some(&bias), &mut out).unwrap();
+            for (j, (&g, (&e, &b))) in out.iter().zip(want.iter().zip(&bound)).enumerate() {
+                assert!(
+                    g.is_finite() && (g as f64 - e).abs() <= b,
+                    "scale {scale} |x| {magnitude} {isa:?} [{j}]: {g} vs {e} (bound {b})"
+                );
+            }
+        }
     }
 }
