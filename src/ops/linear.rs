@@ -162,11 +162,11 @@ pub fn linear_forward_with(
     // scale could magnify. Rare enough to send to the panel path.
     let subnormal = || x.iter().fold(false, |any, v| any | v.is_subnormal());
     let panels = tokens >= GEMM_MIN_TOKENS || !f32_exact || subnormal();
-    // The int4 dot product reads each token in `split_pairs` order.
+    // The int4 dot product reads each token in `nibble_planes` order.
     let split: Vec<f32> = match w.codes {
         WeightCodes::Int4(_) if !panels && in_f % 2 == 0 => x
             .chunks_exact(in_f)
-            .flat_map(simd::scalar::split_pairs)
+            .flat_map(simd::scalar::nibble_planes)
             .collect(),
         _ => Vec::new(),
     };
@@ -235,7 +235,7 @@ struct Job<'a> {
     isa: Isa,
     w: QuantizedWeight<'a>,
     x: &'a [f32],
-    /// `x` in `split_pairs` order, token by token (int4, few tokens only).
+    /// `x` in `nibble_planes` order, token by token (int4, few tokens only).
     split: &'a [f32],
     tokens: usize,
     bias: Option<&'a [f32]>,
@@ -304,7 +304,7 @@ impl Job<'_> {
                 }
                 WeightCodes::Int4(p) if in_f % 2 == 0 => {
                     let (stride, bytes) = (in_f / 2, &p[r0 * in_f / 2..]);
-                    let split = in_f.div_ceil(32) * 32;
+                    let split = simd::scalar::planes_len(in_f);
                     let xs = &self.split[t * split..(t + 1) * split];
                     simd::dot_dequant_i4_rows(
                         self.isa, bytes, stride, in_f, &zps, &scales, xs, &mut acc,

@@ -190,31 +190,27 @@ unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m256, acc: &mut [__m256; 8
     }
 }
 
-/// As `dot64_i8` for 64 int4 codes in 32 bytes at `p`, `xs` in
-/// `split_pairs` order: 8 bytes widened to 8 lanes give 8 even elements
-/// (low nibbles) and 8 odd ones (high nibbles).
+/// As `dot64_i8` for the 128 int4 codes in 64 bytes at `p`, `xs` in
+/// `nibble_planes` order: each half of the bytes read as eight 32-bit words
+/// (words `8h..8h + 8` of the block), nibble `k` of every word is plane `k`,
+/// lanes `8h..` of positions `16k..`, which go to accumulator `2(k % 4) + h`.
 #[inline(always)]
-unsafe fn dot64_i4(p: *const u8, xs: *const f32, zp: __m256, s: __m256, acc: &mut [__m256; 8]) {
-    // SAFETY: the caller guarantees 32 bytes at `p`, 64 floats at `xs`, AVX2/FMA.
+unsafe fn dot128_i4(p: *const u8, xs: *const f32, zp: __m256, s: __m256, acc: &mut [__m256; 8]) {
+    // SAFETY: the caller guarantees 64 bytes at `p`, 128 floats at `xs`, AVX2/FMA.
     unsafe {
         let (low, eight) = (_mm256_set1_epi32(0xf), _mm256_set1_epi32(8));
-        for q in 0..4 {
-            // Bytes 8q.. hold elements 16q..16q+16 of this 64: block h = q / 2,
-            // lanes (q % 2) * 8 of its evens (acc 4h + q % 2) and odds (+ 2).
-            let (h, half) = (q / 2, q % 2);
-            let b = _mm_loadl_epi64(p.add(8 * q).cast());
-            let w = _mm256_cvtepu8_epi32(b);
-            let lo = _mm256_and_si256(w, low);
-            let hi = _mm256_srli_epi32::<4>(w);
-            // Two's complement nibble: (n ^ 8) - 8.
-            let even = _mm256_sub_epi32(_mm256_xor_si256(lo, eight), eight);
-            let odd = _mm256_sub_epi32(_mm256_xor_si256(hi, eight), eight);
-            let de = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(even), zp), s);
-            let dd = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(odd), zp), s);
-            let x = xs.add(32 * h + 8 * half);
-            let (ie, io) = (4 * h + half, 4 * h + 2 + half);
-            acc[ie] = _mm256_fmadd_ps(_mm256_loadu_ps(x), de, acc[ie]);
-            acc[io] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(16)), dd, acc[io]);
+        for h in 0..2 {
+            let mut w = _mm256_loadu_si256(p.add(32 * h).cast());
+            for k in 0..8 {
+                if k > 0 {
+                    w = _mm256_srli_epi32::<4>(w);
+                }
+                // Two's complement nibble: (n ^ 8) - 8.
+                let n = _mm256_sub_epi32(_mm256_xor_si256(_mm256_and_si256(w, low), eight), eight);
+                let d = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(n), zp), s);
+                let a = &mut acc[2 * (k % 4) + h];
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(xs.add(16 * k + 8 * h)), d, *a);
+            }
         }
     }
 }
@@ -262,28 +258,29 @@ unsafe fn dot_i8(q: &[i8], zp: f32, scale: f32, x: &[f32]) -> f32 {
 /// One row of `dot_dequant_i4_rows` (its bytes exactly).
 #[inline(always)]
 unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
+    const BLOCK: usize = scalar::PLANE_BLOCK;
     let n = xs.len().min(2 * p.len());
-    let body = n - n % 64;
-    // SAFETY: AVX2/FMA per the Kernels contract; a full step reads 32
-    // bytes of `p` and 64 of `xs`, inside both; the tail runs on
+    let body = n - n % BLOCK;
+    // SAFETY: AVX2/FMA per the Kernels contract; a full step reads 64
+    // bytes of `p` and 128 of `xs`, inside both; the tail runs on
     // zero-padded copies.
     unsafe {
         let (zpv, sv) = (_mm256_set1_ps(zp), _mm256_set1_ps(scale));
         let mut acc = [_mm256_setzero_ps(); 8];
-        for i in (0..body).step_by(64) {
-            dot64_i4(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
+        for i in (0..body).step_by(BLOCK) {
+            dot128_i4(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
         }
-        let rest = xs.len().min(body + 64) - body;
+        let rest = xs.len().min(body + BLOCK) - body;
         if rest > 0 && body < 2 * p.len() {
-            let (mut pt, mut xt) = ([0u8; 32], [0f32; 64]);
-            let bytes = (p.len() - body / 2).min(32);
+            let (mut pt, mut xt) = ([0u8; BLOCK / 2], [0f32; BLOCK]);
+            let bytes = (p.len() - body / 2).min(BLOCK / 2);
             pt[..bytes].copy_from_slice(&p[body / 2..body / 2 + bytes]);
             for (k, v) in xt[..rest].iter_mut().enumerate() {
-                if scalar::pair_element(body + k) / 2 < p.len() {
+                if scalar::plane_element(body + k) / 2 < p.len() {
                     *v = xs[body + k];
                 }
             }
-            dot64_i4(pt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
+            dot128_i4(pt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
         }
         tree64(acc)
     }

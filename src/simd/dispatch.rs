@@ -186,7 +186,7 @@ primitive!(
 );
 primitive!(
     /// Per row `r`: the int4 dot product of the `n` codes from byte `r·stride`
-    /// with `xs` (`scalar::split_pairs` order), into `out[r]`.
+    /// with `xs` (`scalar::nibble_planes` order), into `out[r]`.
     dot_dequant_i4_rows(p: &[u8], stride: usize, n: usize, zps: &[f32], scales: &[f32], xs: &[f32], out: &mut [f32]) -> ()
 );
 primitive!(

@@ -250,7 +250,7 @@ pub(crate) trait Kernels {
     );
     /// For each row `r < out.len()`: the int4 dot product of the `n` codes
     /// packed from byte `r·stride` of `p` (low nibble first) with `xs`, the
-    /// activation in `scalar::split_pairs` order, as
+    /// activation in `scalar::nibble_planes` order, as
     /// `scalar::dot_dequant_i4_spec`.
     unsafe fn dot_dequant_i4_rows(
         p: &[u8],

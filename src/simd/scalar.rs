@@ -72,39 +72,50 @@ pub fn dot_lanes(x: &[f32], d: impl Fn(usize) -> f32) -> f32 {
     lanes_tree_sum(acc)
 }
 
-/// `x` reordered for the int4 dot product: each block of 32 elements (the
-/// last one zero-padded) as its 16 even-indexed elements, then its 16 odd
-/// ones — the order in which the nibbles of 16 bytes come out of a register.
-pub fn split_pairs(x: &[f32]) -> Vec<f32> {
-    let mut out = vec![0f32; x.len().div_ceil(32) * 32];
+/// Elements in one block of [`nibble_planes`] order: 64 bytes of codes.
+pub const PLANE_BLOCK: usize = 128;
+
+/// `x` reordered for the int4 dot product, [`PLANE_BLOCK`] elements at a
+/// time (the last block zero-padded): 64 bytes of codes read as sixteen
+/// 32-bit words hold elements `8d..8d + 8` in word `d`, nibble `p` holding
+/// element `8d + p`; plane `p` (the `p`-th nibble of every word) takes
+/// positions `16p..16p + 16` of the block.
+pub fn nibble_planes(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; planes_len(x.len())];
     for (i, &v) in x.iter().enumerate() {
-        out[split_index(i)] = v;
+        out[plane_index(i)] = v;
     }
     out
 }
 
-/// Where element `i` goes in [`split_pairs`] order.
+/// Length of [`nibble_planes`] of `n` elements.
 #[inline(always)]
-pub fn split_index(i: usize) -> usize {
-    let (block, e) = (i / 32, i % 32);
-    block * 32 + (e % 2) * 16 + e / 2
+pub fn planes_len(n: usize) -> usize {
+    n.div_ceil(PLANE_BLOCK) * PLANE_BLOCK
 }
 
-/// The element at position `k` of [`split_pairs`] order (the inverse of
-/// [`split_index`]).
+/// Where element `i` goes in [`nibble_planes`] order.
 #[inline(always)]
-pub fn pair_element(k: usize) -> usize {
-    let (block, j) = (k / 32, k % 32);
-    block * 32 + if j < 16 { 2 * j } else { 2 * (j - 16) + 1 }
+pub fn plane_index(i: usize) -> usize {
+    let (block, e) = (i / PLANE_BLOCK, i % PLANE_BLOCK);
+    block * PLANE_BLOCK + (e % 8) * 16 + e / 8
+}
+
+/// The element at position `k` of [`nibble_planes`] order (the inverse of
+/// [`plane_index`]).
+#[inline(always)]
+pub fn plane_element(k: usize) -> usize {
+    let (block, j) = (k / PLANE_BLOCK, k % PLANE_BLOCK);
+    block * PLANE_BLOCK + (j % 16) * 8 + j / 16
 }
 
 /// The specification of the int4 dequantizing dot product: `xs[k]` (in
-/// [`split_pairs`] order) times its element's `nibble − zp`, added into lane
+/// [`nibble_planes`] order) times its element's `(nibble − zp) · scale`, added into lane
 /// `k % 64`, for the elements the bytes of `p` hold; then the tree.
 pub fn dot_dequant_i4_spec(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
     let mut acc = [0f32; DOT_LANES];
     for (k, &v) in xs.iter().enumerate() {
-        let e = pair_element(k);
+        let e = plane_element(k);
         let Some(&b) = p.get(e / 2) else { continue };
         let d = (nibble(if e.is_multiple_of(2) { b } else { b >> 4 }) as f32 - zp) * scale;
         let lane = &mut acc[k % DOT_LANES];

@@ -95,7 +95,7 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
                     .map(|&v| v as u8)
                     .collect();
                 // In split order (padded), shorter, and in natural order.
-                let xs = scalar::split_pairs(&x);
+                let xs = scalar::nibble_planes(&x);
                 for xs in [&xs[..], &xs[..xs.len() / 2], &x[..]] {
                     assert_eq!(
                         dots_i4(isa, &p, bstride, n, &zps, xs),
@@ -118,11 +118,11 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
     assert_eq!(dots_i8(Isa::Scalar, &q, 130, &[2.0], &x), vec![want]);
     // int4: the same sum over the split order, each element once.
     let p = vec![0x11u8; 65];
-    let xs = scalar::split_pairs(&x);
+    let xs = scalar::nibble_planes(&x);
     let mut lanes = [0f32; scalar::DOT_LANES];
     for (k, v) in xs.iter().enumerate() {
-        let e = scalar::pair_element(k);
-        assert_eq!(scalar::split_index(e), k);
+        let e = scalar::plane_element(k);
+        assert_eq!(scalar::plane_index(e), k);
         if e < 130 {
             lanes[k % 64] = v.mul_add(0.013, lanes[k % 64]);
         }
