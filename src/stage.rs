@@ -91,7 +91,8 @@ pub fn range<T: Float>(
 }
 
 /// Affine codes of a run into `out` (same length), computed in f64; `store`
-/// is a hint for f32 and staged input (see [`Store`]).
+/// is a hint for f32 and staged input (see [`Store`]). f32 input brings
+/// `ahead` (the next run, or nothing) toward the core meanwhile.
 pub fn affine_codes<T: Float>(
     isa: Isa,
     x: &[T],
@@ -99,12 +100,14 @@ pub fn affine_codes<T: Float>(
     out: &mut [i8],
     scratch: &mut Scratch,
     store: Store,
+    ahead: &[T],
 ) {
     if let Some(xf) = T::as_f64_slice(x) {
         return simd::affine_quantize_f64(isa, xf, a, out);
     }
     if let Some(xf) = T::as_f32_slice(x) {
-        return simd::affine_quantize_f32(isa, xf, a, out, store);
+        let ahead = T::as_f32_slice(ahead).unwrap_or(&[]);
+        return simd::affine_quantize_f32_ahead(isa, xf, a, out, store, ahead);
     }
     for (xs, os) in x.chunks(STAGE).zip(out.chunks_mut(STAGE)) {
         let st = scratch.f32s(xs.len());

@@ -49,8 +49,9 @@ impl<'a> Int4Writer<'a> {
 
 impl Int4Writer<'_> {
     /// Append the affine int4 codes of f32 values (the codes
-    /// `simd::affine_quantize_f32` gives), pairs packed straight from registers.
-    pub fn write_affine_f32(&mut self, isa: Isa, x: &[f32], a: Affine) {
+    /// `simd::affine_quantize_f32` gives), pairs packed straight from registers,
+    /// bringing `ahead` toward the core meanwhile.
+    pub fn write_affine_f32(&mut self, isa: Isa, x: &[f32], a: Affine, ahead: &[f32]) {
         let mut x = x;
         let mut one = [0i8; 1];
         if self.pos % 2 == 1 {
@@ -63,7 +64,8 @@ impl Int4Writer<'_> {
         }
         let pairs = x.len() / 2;
         let at = self.pos / 2;
-        simd::affine_quantize_int4_f32(isa, &x[..2 * pairs], a, &mut self.out[at..at + pairs]);
+        let out = &mut self.out[at..at + pairs];
+        simd::affine_quantize_int4_f32_ahead(isa, &x[..2 * pairs], a, out, ahead);
         self.pos += 2 * pairs;
         if let Some(last) = x.get(2 * pairs) {
             let v = std::slice::from_ref(last);
@@ -126,8 +128,8 @@ mod tests {
             for cut in [0, 1, 2, 3, 33, 64, 100, 101] {
                 let mut got = vec![0u8; packed_len(x.len())];
                 let mut w = Int4Writer::new(&mut got, 0);
-                w.write_affine_f32(isa, &x[..cut], a);
-                w.write_affine_f32(isa, &x[cut..], a);
+                w.write_affine_f32(isa, &x[..cut], a, &x[cut..]);
+                w.write_affine_f32(isa, &x[cut..], a, &[]);
                 assert_eq!(got, want, "f32 cut {cut}");
             }
             for start in [0, 1, 2, 7, 50, 100] {

@@ -183,9 +183,10 @@ unsafe fn quant16(v: __m512, s: __m512, lo: __m512i, hi: __m512i) -> __m128i {
     }
 }
 
-/// Four vectors of i32 codes as 64 saturated bytes in order, clamped.
+/// Four vectors of i32 codes as 64 saturated bytes in order (three packs
+/// and a permute where four `vpmovdb` cost twice as much on Zen 4).
 #[inline(always)]
-unsafe fn narrow64(q: [__m512i; 4], lo: __m512i, hi: __m512i) -> __m512i {
+unsafe fn pack64(q: [__m512i; 4]) -> __m512i {
     // SAFETY: AVX-512F/BW (the Kernels contract).
     unsafe {
         let ab = _mm512_packs_epi32(q[0], q[1]);
@@ -194,9 +195,15 @@ unsafe fn narrow64(q: [__m512i; 4], lo: __m512i, hi: __m512i) -> __m512i {
         // q3[4k..]) of four bytes each: gather them back in order.
         let bytes = _mm512_packs_epi16(ab, cd);
         let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        let q = _mm512_permutexvar_epi32(order, bytes);
-        _mm512_min_epi8(_mm512_max_epi8(q, lo), hi)
+        _mm512_permutexvar_epi32(order, bytes)
     }
+}
+
+/// Four vectors of i32 codes as 64 saturated bytes in order, clamped.
+#[inline(always)]
+unsafe fn narrow64(q: [__m512i; 4], lo: __m512i, hi: __m512i) -> __m512i {
+    // SAFETY: AVX-512F/BW (the Kernels contract).
+    unsafe { _mm512_min_epi8(_mm512_max_epi8(pack64(q), lo), hi) }
 }
 
 /// 64 codes from 64 floats at `x`, clamped, in order. `r` is `1/s` when
@@ -350,6 +357,9 @@ struct FastLanes {
     check_range: bool,
     /// Some shortcut code may fall outside `[qmin, qmax]`: clamp.
     clamp: bool,
+    /// The zero point is ±0: `y = v · inv` needs no add (`m + 0` differs
+    /// from `m` only for `m = -0`, which codes to 0 either way).
+    zp_zero: bool,
     inv: __m512,
     zp: __m512,
     lim: __m512,
@@ -369,6 +379,7 @@ impl FastLanes {
                 on: shortcut.is_some(),
                 check_range: !a.f32_in_range(),
                 clamp: !a.f32_within_codes(),
+                zp_zero: zp == 0.0,
                 inv: _mm512_set1_ps(inv),
                 zp: _mm512_set1_ps(zp),
                 lim: _mm512_set1_ps(F32_FAST_LIMIT),
@@ -391,21 +402,24 @@ unsafe fn affine16_f32<const RANGE: bool, const CLAMP: bool>(
     // SAFETY: the caller runs with AVX-512F.
     unsafe {
         if fast.on {
+            const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
             let m = _mm512_mul_ps(v, fast.inv);
             let y = _mm512_add_ps(m, fast.zp);
-            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
-            let off = _mm512_abs_ps(_mm512_sub_ps(y, r));
+            // y - rne(y), exact: the distance to the nearest integer.
+            let off = _mm512_abs_ps(_mm512_reduce_ps::<NEAREST>(y));
             let mut slow = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(off, fast.margin);
             if RANGE {
                 slow |= _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(m), fast.lim);
             }
             if slow == 0 {
+                // Clamping to the integers qmin, qmax before rounding equals
+                // clamping after it (rounding is monotone).
                 let c = if CLAMP {
-                    _mm512_min_ps(_mm512_max_ps(r, fast.qmin), fast.qmax)
+                    _mm512_min_ps(_mm512_max_ps(y, fast.qmin), fast.qmax)
                 } else {
-                    r
+                    y
                 };
-                return _mm512_cvttps_epi32(c);
+                return _mm512_cvt_roundps_epi32::<NEAREST>(c);
             }
         }
         let lo = affine8(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), exact);
@@ -419,6 +433,95 @@ unsafe fn affine16_f32<const RANGE: bool, const CLAMP: bool>(
     }
 }
 
+/// Affine codes of 64 f32 values at `x` as four vectors of i32 lanes, each
+/// as [`affine16_f32`] gives it. The shortcut's checks are made once for the
+/// 64 (the largest distance from an integer, and the largest product, by
+/// `vrangeps`): on Zen 4 the per-vector compare chain cost as much as the
+/// codes. Any flagged vector is redone by `affine16_f32`.
+#[inline(always)]
+unsafe fn affine64_f32<const RANGE: bool, const CLAMP: bool>(
+    x: *const f32,
+    fast: &FastLanes,
+    exact: &AffineLanes,
+) -> [__m512i; 4] {
+    // SAFETY: forwarded. One branch a step, so each body is straight-line.
+    unsafe {
+        if fast.zp_zero {
+            affine64_f32_zp::<RANGE, CLAMP, false>(x, fast, exact)
+        } else {
+            affine64_f32_zp::<RANGE, CLAMP, true>(x, fast, exact)
+        }
+    }
+}
+
+/// [`affine64_f32`] with the zero point's add compiled in (`ZP`) or out.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // several arrays, one index
+unsafe fn affine64_f32_zp<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
+    x: *const f32,
+    fast: &FastLanes,
+    exact: &AffineLanes,
+) -> [__m512i; 4] {
+    // SAFETY: the caller guarantees 64 readable floats at `x` and
+    // AVX-512F/DQ (the Kernels contract). No closures: they would not
+    // inherit the caller's target features.
+    unsafe {
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        // vrangeps 0b1011: the larger magnitude, sign cleared.
+        const MAX_ABS: i32 = 0b1011;
+        let mut v = [_mm512_setzero_ps(); 4];
+        for (k, v) in v.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(x.add(16 * k));
+        }
+        let mut q = [_mm512_setzero_si512(); 4];
+        if fast.on {
+            let (mut m, mut y, mut e) = (
+                [_mm512_setzero_ps(); 4],
+                [_mm512_setzero_ps(); 4],
+                [_mm512_setzero_ps(); 4],
+            );
+            for k in 0..4 {
+                m[k] = _mm512_mul_ps(v[k], fast.inv);
+                y[k] = if ZP {
+                    _mm512_add_ps(m[k], fast.zp)
+                } else {
+                    m[k]
+                };
+                // y - rne(y), exact: the distance to the nearest integer.
+                e[k] = _mm512_reduce_ps::<NEAREST>(y[k]);
+            }
+            let e01 = _mm512_range_ps::<MAX_ABS>(e[0], e[1]);
+            let e23 = _mm512_range_ps::<MAX_ABS>(e[2], e[3]);
+            let off = _mm512_range_ps::<MAX_ABS>(e01, e23);
+            // Unordered counts as slow too.
+            let mut slow = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(off, fast.margin);
+            if RANGE {
+                let m01 = _mm512_range_ps::<MAX_ABS>(m[0], m[1]);
+                let m23 = _mm512_range_ps::<MAX_ABS>(m[2], m[3]);
+                let top = _mm512_range_ps::<MAX_ABS>(m01, m23);
+                slow |= _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(top, fast.lim);
+            }
+            if slow == 0 {
+                for k in 0..4 {
+                    // Clamping to the integers qmin, qmax before rounding
+                    // equals clamping after it (rounding is monotone).
+                    let c = if CLAMP {
+                        _mm512_min_ps(_mm512_max_ps(y[k], fast.qmin), fast.qmax)
+                    } else {
+                        y[k]
+                    };
+                    q[k] = _mm512_cvt_roundps_epi32::<NEAREST>(c);
+                }
+                return q;
+            }
+        }
+        for k in 0..4 {
+            q[k] = affine16_f32::<RANGE, CLAMP>(v[k], fast, exact);
+        }
+        q
+    }
+}
+
 /// The affine codes loop over f32, with the shortcut's range check (`RANGE`)
 /// and clamp (`CLAMP`) compiled in or out (see `FastLanes`).
 #[inline(always)]
@@ -428,39 +531,48 @@ unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool>(
     out: &mut [i8],
     store: Store,
     fast: &FastLanes,
+    ahead: &[f32],
 ) {
     let n = x.len().min(out.len());
     let (x, out) = (&x[..n], &mut out[..n]);
-    // SAFETY: AVX-512F per the Kernels contract; loads and stores stay inside
-    // the equal-length `x` and `out` (a masked head, exact chunks, a masked
-    // tail); streaming stores go to 16-byte aligned chunks only (the head
-    // aligns them) and are fenced before returning.
+    // SAFETY: AVX-512F/BW per the Kernels contract; loads and stores stay
+    // inside the equal-length `x` and `out` (a masked head, exact chunks of 64
+    // then 16, a masked tail); streaming stores go to 64-byte aligned chunks
+    // only (the head aligns them) and are fenced before returning. Prefetches
+    // only name addresses inside `ahead`.
     unsafe {
         let exact = AffineLanes::new(a);
+        let mut ahead = ahead.chunks(16);
         let head = match store {
-            Store::Streaming => head_to_align(out.as_ptr() as usize, 16, 1, n),
+            Store::Streaming => head_to_align(out.as_ptr() as usize, 64, 1, n),
             Store::Cached => 0,
         };
-        if head > 0 {
-            quantize_masked_f32::<RANGE, CLAMP>(&x[..head], &mut out[..head], fast, &exact);
+        for (c, o) in x[..head].chunks(16).zip(out[..head].chunks_mut(16)) {
+            quantize_masked_f32::<RANGE, CLAMP>(c, o, fast, &exact);
         }
         let (x, out) = (&x[head..], &mut out[head..]);
+        let mut xc = x.chunks_exact(64);
+        let mut oc = out.chunks_exact_mut(64);
+        for (c, o) in (&mut xc).zip(&mut oc) {
+            // A line ahead for every 16 values coded.
+            for line in (&mut ahead).take(4) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let q = pack64(affine64_f32::<RANGE, CLAMP>(c.as_ptr(), fast, &exact));
+            match store {
+                Store::Streaming => _mm512_stream_si512(o.as_mut_ptr().cast(), q),
+                Store::Cached => _mm512_storeu_si512(o.as_mut_ptr().cast(), q),
+            }
+        }
+        if matches!(store, Store::Streaming) {
+            _mm_sfence();
+        }
+        let (x, out) = (xc.remainder(), oc.into_remainder());
         let mut xc = x.chunks_exact(16);
         let mut oc = out.chunks_exact_mut(16);
-        match store {
-            Store::Streaming => {
-                for (c, o) in (&mut xc).zip(&mut oc) {
-                    let q = affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr()), fast, &exact);
-                    _mm_stream_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
-                }
-                _mm_sfence();
-            }
-            Store::Cached => {
-                for (c, o) in (&mut xc).zip(&mut oc) {
-                    let q = affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr()), fast, &exact);
-                    _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
-                }
-            }
+        for (c, o) in (&mut xc).zip(&mut oc) {
+            let q = affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr()), fast, &exact);
+            _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q));
         }
         let rest = xc.remainder();
         if !rest.is_empty() {
@@ -480,7 +592,7 @@ unsafe fn nibble_pairs(q: __m512i) -> __m128i {
     }
 }
 
-/// `affine_quantize_int4_f32`: 32 values a step, coded as 16-lane i32 vectors
+/// `affine_quantize_int4_f32`: 64 values a step, coded as 16-lane i32 vectors
 /// and packed in registers (each 64-bit lane holds an even and an odd code:
 /// `lo & 15 | (hi & 15) << 4` is its low byte), the rest through a stage.
 #[inline(always)]
@@ -489,27 +601,34 @@ unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool>(
     a: Affine,
     out: &mut [u8],
     fast: &FastLanes,
+    ahead: &[f32],
 ) {
     let n = (x.len() / 2).min(out.len());
     let (x, out) = (&x[..2 * n], &mut out[..n]);
-    // SAFETY: AVX-512F/BW per the caller; each step reads `x[32k..32k + 32]`
-    // and writes `out[16k..16k + 16]` of exact chunks; the rest goes through
-    // the staged default on the remainders.
+    // SAFETY: AVX-512F/BW per the caller; each step reads `x[64k..64k + 64]`
+    // and writes `out[32k..32k + 32]` of exact chunks; the rest goes through
+    // the staged default on the remainders. Prefetches only name addresses
+    // inside `ahead`.
     unsafe {
         let exact = AffineLanes::new(a);
-        let mut xc = x.chunks_exact(32);
-        let mut oc = out.chunks_exact_mut(16);
+        let mut ahead = ahead.chunks(16);
+        let mut xc = x.chunks_exact(64);
+        let mut oc = out.chunks_exact_mut(32);
         for (c, o) in (&mut xc).zip(&mut oc) {
-            let lo = affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr()), fast, &exact);
-            let hi =
-                affine16_f32::<RANGE, CLAMP>(_mm512_loadu_ps(c.as_ptr().add(16)), fast, &exact);
-            let bytes = _mm_unpacklo_epi64(nibble_pairs(lo), nibble_pairs(hi));
-            _mm_storeu_si128(o.as_mut_ptr().cast(), bytes);
+            // A line ahead for every 16 values coded.
+            for line in (&mut ahead).take(4) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let q = affine64_f32::<RANGE, CLAMP>(c.as_ptr(), fast, &exact);
+            let lo = _mm_unpacklo_epi64(nibble_pairs(q[0]), nibble_pairs(q[1]));
+            let hi = _mm_unpacklo_epi64(nibble_pairs(q[2]), nibble_pairs(q[3]));
+            _mm_storeu_si128(o.as_mut_ptr().cast(), lo);
+            _mm_storeu_si128(o.as_mut_ptr().add(16).cast(), hi);
         }
         let (xr, or) = (xc.remainder(), oc.into_remainder());
-        let mut codes = [0i8; 32];
+        let mut codes = [0i8; 64];
         let cs = &mut codes[..xr.len()];
-        quantize_f32_run::<RANGE, CLAMP>(xr, a, cs, Store::Cached, fast);
+        quantize_f32_run::<RANGE, CLAMP>(xr, a, cs, Store::Cached, fast, &[]);
         Avx512::<false>::pack_int4(cs, or);
     }
 }
@@ -1664,30 +1783,50 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
 
     #[inline(always)]
     unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::affine_quantize_f32_ahead(x, a, out, store, &[]) }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_f32_ahead(
+        x: &[f32],
+        a: Affine,
+        out: &mut [i8],
+        store: Store,
+        ahead: &[f32],
+    ) {
         // SAFETY: forwarded (AVX-512F/BW per the Kernels contract); the loop
         // variant only drops checks `FastLanes` proved cannot fire.
         unsafe {
             let fast = FastLanes::new(a);
+            let f = &fast;
             match (fast.check_range, fast.clamp) {
-                (false, false) => quantize_f32_run::<false, false>(x, a, out, store, &fast),
-                (false, true) => quantize_f32_run::<false, true>(x, a, out, store, &fast),
-                (true, false) => quantize_f32_run::<true, false>(x, a, out, store, &fast),
-                (true, true) => quantize_f32_run::<true, true>(x, a, out, store, &fast),
+                (false, false) => quantize_f32_run::<false, false>(x, a, out, store, f, ahead),
+                (false, true) => quantize_f32_run::<false, true>(x, a, out, store, f, ahead),
+                (true, false) => quantize_f32_run::<true, false>(x, a, out, store, f, ahead),
+                (true, true) => quantize_f32_run::<true, true>(x, a, out, store, f, ahead),
             }
         }
     }
 
     #[inline(always)]
     unsafe fn affine_quantize_int4_f32(x: &[f32], a: Affine, out: &mut [u8]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::affine_quantize_int4_f32_ahead(x, a, out, &[]) }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32_ahead(x: &[f32], a: Affine, out: &mut [u8], ahead: &[f32]) {
         // SAFETY: forwarded (AVX-512F/BW per the Kernels contract); the loop
         // variant only drops checks `FastLanes` proved cannot fire.
         unsafe {
             let fast = FastLanes::new(a);
+            let f = &fast;
             match (fast.check_range, fast.clamp) {
-                (false, false) => quantize_int4_f32_run::<false, false>(x, a, out, &fast),
-                (false, true) => quantize_int4_f32_run::<false, true>(x, a, out, &fast),
-                (true, false) => quantize_int4_f32_run::<true, false>(x, a, out, &fast),
-                (true, true) => quantize_int4_f32_run::<true, true>(x, a, out, &fast),
+                (false, false) => quantize_int4_f32_run::<false, false>(x, a, out, f, ahead),
+                (false, true) => quantize_int4_f32_run::<false, true>(x, a, out, f, ahead),
+                (true, false) => quantize_int4_f32_run::<true, false>(x, a, out, f, ahead),
+                (true, true) => quantize_int4_f32_run::<true, true>(x, a, out, f, ahead),
             }
         }
     }

@@ -230,6 +230,10 @@ primitive!(
     affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) -> ()
 );
 primitive!(
+    /// `affine_quantize_f32`, bringing `ahead` toward the core meanwhile.
+    affine_quantize_f32_ahead(x: &[f32], a: Affine, out: &mut [i8], store: Store, ahead: &[f32]) -> ()
+);
+primitive!(
     /// Affine codes of f64 values (see [`Affine`]).
     affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]) -> ()
 );
@@ -248,6 +252,10 @@ primitive!(
 primitive!(
     /// Affine int4 codes of f32 pairs, packed two a byte (low nibble first).
     affine_quantize_int4_f32(x: &[f32], a: Affine, out: &mut [u8]) -> ()
+);
+primitive!(
+    /// `affine_quantize_int4_f32`, bringing `ahead` toward the core meanwhile.
+    affine_quantize_int4_f32_ahead(x: &[f32], a: Affine, out: &mut [u8], ahead: &[f32]) -> ()
 );
 primitive!(
     /// Unpack bytes into sign-extended int4 codes (low nibble first).

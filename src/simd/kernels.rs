@@ -286,6 +286,21 @@ pub(crate) trait Kernels {
     unsafe fn range_f64(x: &[f64]) -> Range<f64>;
     /// `out[i] = affine code of (x[i] as f64)` (see [`Affine`]).
     unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store);
+    /// `affine_quantize_f32`, bringing `ahead` toward the core meanwhile (a
+    /// line of it for every 16 values coded: the next run, read while this
+    /// one is coded from cache).
+    #[inline(always)]
+    unsafe fn affine_quantize_f32_ahead(
+        x: &[f32],
+        a: Affine,
+        out: &mut [i8],
+        store: Store,
+        ahead: &[f32],
+    ) {
+        let _ = ahead;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::affine_quantize_f32(x, a, out, store) }
+    }
     /// `out[i] = affine code of x[i]` (see [`Affine`]).
     unsafe fn affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]);
     /// `out[i] = ((q[i] as f64 - zp) * scale) as f32`.
@@ -310,6 +325,14 @@ pub(crate) trait Kernels {
                 Self::pack_int4(cs, os);
             }
         }
+    }
+    /// `affine_quantize_int4_f32`, bringing `ahead` toward the core meanwhile
+    /// (as `affine_quantize_f32_ahead`).
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32_ahead(x: &[f32], a: Affine, out: &mut [u8], ahead: &[f32]) {
+        let _ = ahead;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::affine_quantize_int4_f32(x, a, out) }
     }
     /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
     /// the high one, over `min(p.len(), out.len() / 2)` bytes.
