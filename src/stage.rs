@@ -90,6 +90,29 @@ pub fn range<T: Float>(
     Ok(Some((all.min as f64, all.max as f64)))
 }
 
+/// `(-a, a)` for `a = max |x|` of a run, or `Err(i)` naming its first
+/// non-finite element; `Ok(None)` for an empty run. A symmetric map needs no
+/// more than this of [`range`], and on f32 input one `absmax_bits` pass costs
+/// less than the min and max (other types take [`range`]).
+pub fn magnitude_range<T: Float>(
+    isa: Isa,
+    x: &[T],
+    scratch: &mut Scratch,
+) -> Result<Option<(f64, f64)>, usize> {
+    let Some(xf) = T::as_f32_slice(x) else {
+        return range(isa, x, scratch);
+    };
+    if xf.is_empty() {
+        return Ok(None);
+    }
+    let bits = simd::absmax_bits(isa, xf);
+    if bits >= simd::F32_INF_BITS {
+        return Err(simd::scalar::first_non_finite(xf));
+    }
+    let a = f32::from_bits(bits) as f64;
+    Ok(Some((-a, a)))
+}
+
 /// Affine codes of a run into `out` (same length), computed in f64; `store`
 /// is a hint for f32 and staged input (see [`Store`]). f32 input brings
 /// `ahead` (the next run, or nothing) toward the core meanwhile.

@@ -592,7 +592,12 @@ fn per_channel<T: Float>(
             let next = xs
                 .get((r + 1) * cs..((r + 2) * cs).min(xs.len()))
                 .unwrap_or(&[]);
-            let found = stage::range(isa, xr, &mut scratch).map_err(|i| (t0 + r) * cs + i)?;
+            let found = match config.mode {
+                // max(|min|, |max|) is all the symmetric scale reads.
+                Mode::Symmetric => stage::magnitude_range(isa, xr, &mut scratch),
+                Mode::Asymmetric => stage::range(isa, xr, &mut scratch),
+            }
+            .map_err(|i| (t0 + r) * cs + i)?;
             let (scale, zp) = scale_zero_point(found, config);
             (sc[r], zs[r]) = (scale, zp);
             let a = affine(config, found, scale, zp);
