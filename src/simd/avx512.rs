@@ -885,6 +885,7 @@ const OUTER_COPY_STRIDE: usize = 4 * OUTER_COPY_GROUPS + 64;
 /// [`OUTER_CHUNK_GROUPS`]. `R` rows from `ahead` are fetched into L2
 /// meanwhile. Returns the raw sums `Σ (w + 128) · a` over those groups.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // indices keep the accumulators in registers
 unsafe fn outer_tile<const R: usize, const NV: usize>(
     w: *const i8,
     k: usize,
@@ -921,6 +922,10 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
                     _mm512_mask_storeu_epi8(dst.add(i), m, v);
                 }
             }
+            // The accumulators in a local for the chunk: kept in the array
+            // across it, every vpdpbusd was also stored back to the stack
+            // (24 stores a group, one a product).
+            let mut a = acc;
             // A line (16 groups) at a time; the next tile's rows come into
             // L2 a line each per line.
             for l in (c0..c1).step_by(16) {
@@ -931,18 +936,19 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
                 }
                 for g in l..(l + 16).min(c1) {
                     let mut av = [_mm512_setzero_si512(); NV];
-                    for (v, x) in av.iter_mut().enumerate() {
-                        *x = _mm512_loadu_si512(packed.add((g * NV + v) * 64).cast());
+                    for v in 0..NV {
+                        av[v] = _mm512_loadu_si512(packed.add((g * NV + v) * 64).cast());
                     }
-                    for (r, acc) in acc.iter_mut().enumerate() {
+                    for r in 0..R {
                         let at = buf.as_ptr().add(r * OUTER_COPY_STRIDE + 4 * (g - c0));
                         let wb = _mm512_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
-                        for (x, a) in acc.iter_mut().zip(av) {
-                            *x = _mm512_dpbusd_epi32(*x, wb, a);
+                        for v in 0..NV {
+                            a[r][v] = _mm512_dpbusd_epi32(a[r][v], wb, av[v]);
                         }
                     }
                 }
             }
+            acc = a;
             if c1.is_multiple_of(OUTER_CHUNK_GROUPS) || c1 == full {
                 for (tot, acc) in total.iter_mut().zip(acc.iter_mut()) {
                     for (v, x) in acc.iter_mut().enumerate() {
