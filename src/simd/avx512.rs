@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 pub(crate) struct Avx512<const VNNI: bool>;
 
 /// Elements (of `size` bytes, `addr` a multiple of `size`) before `addr`
-/// reaches a multiple of `align`, at most `n` (and below 16 for the aligns used).
+/// reaches a multiple of `align`, at most `n`.
 #[inline(always)]
 fn head_to_align(addr: usize, align: usize, size: usize, n: usize) -> usize {
     (addr.wrapping_neg() % align / size).min(n)
@@ -52,7 +52,7 @@ fn rows_ahead<T, const R: usize>(base: *const T, stride: usize, len: usize) -> O
     (len >= need).then(|| base.wrapping_add(rows * stride))
 }
 
-/// Affine codes of fewer than 16 f32 values (masked load and store).
+/// Affine codes of at most 16 f32 values (masked load and store).
 #[inline(always)]
 unsafe fn quantize_masked_f32<const RANGE: bool, const CLAMP: bool>(
     x: &[f32],
@@ -60,10 +60,10 @@ unsafe fn quantize_masked_f32<const RANGE: bool, const CLAMP: bool>(
     fast: &FastLanes,
     exact: &AffineLanes,
 ) {
-    // SAFETY: AVX-512F/BW per the caller; the masks cover `x.len()` (< 16)
+    // SAFETY: AVX-512F/BW per the caller; the masks cover `x.len()` (<= 16)
     // lanes, all inside `x` and `out` (callers pass equal lengths).
     unsafe {
-        let k = tail_mask(x.len().min(out.len()));
+        let k = lanes_mask(x.len().min(out.len()));
         let q = affine16_f32::<RANGE, CLAMP>(_mm512_maskz_loadu_ps(k, x.as_ptr()), fast, exact);
         _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr(), k, q);
     }
