@@ -94,7 +94,7 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
                     .iter()
                     .map(|&v| v as u8)
                     .collect();
-                // In split order (padded), shorter, and in natural order.
+                // In nibble-plane order (padded), shorter, and in natural order.
                 let xs = scalar::nibble_planes(&x);
                 for xs in [&xs[..], &xs[..xs.len() / 2], &x[..]] {
                     assert_eq!(
@@ -116,7 +116,7 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
     }
     let want = (scalar::lanes_tree_sum(lanes) * 0.013).to_bits();
     assert_eq!(dots_i8(Isa::Scalar, &q, 130, &[2.0], &x), vec![want]);
-    // int4: the same sum over the split order, each element once.
+    // int4: the same sum over the nibble-plane order, each element once.
     let p = vec![0x11u8; 65];
     let xs = scalar::nibble_planes(&x);
     let mut lanes = [0f32; scalar::DOT_LANES];
