@@ -9,9 +9,9 @@ result: the copy floor (docs/PERF.md) is measured in the same run — the time
 
 Each family's cases live in ``benches/cases/<family>.py``. Peers are used when
 installed (``pip install '.[bench]'``): onnxruntime + onnx, gguf-py,
-bitsandbytes and torch. ONNX Runtime's spin-waiting is turned off and
-``OMP_WAIT_POLICY=PASSIVE`` is set, or their idle workers would steal the
-cores of whatever is timed next.
+bitsandbytes and torch. ONNX Runtime's spin-waiting is turned off,
+``OMP_WAIT_POLICY=PASSIVE`` is set and OpenBLAS's thread timeout is at its
+minimum, or their idle workers would steal the cores of whatever is timed next.
 
     python benches/compare.py                    # every family, 1 and 2 threads
     python benches/compare.py --family affine    # one family
@@ -24,6 +24,12 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch or ORT load OpenMP
+# NumPy's OpenBLAS workers spin (sched_yield) for 2^28 cycles after each call by
+# default, whatever OMP_WAIT_POLICY says: at 2 threads they took a core from the
+# implementation timed after NumPy's GEMM (ferroquant's forward at batch 64: 36 ms
+# with them spinning, 19 ms without). 2^4 cycles is OpenBLAS's minimum; set before
+# NumPy loads it.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import argparse
 import importlib
