@@ -65,17 +65,8 @@ fn part<T: Float>(isa: Isa, x: &[T], k: f64, threshold: u32) -> std::result::Res
         return Err(simd::scalar::first_non_finite(xf));
     }
     let (s1, s2) = simd::shifted_moments(isa, xf, k);
-    // Branch-free: every value is written, only candidates advance the cursor.
-    let mut candidates = vec![0u32; xf.len()];
-    let (mut m, mut below_max) = (0usize, 0u32);
-    for v in xf {
-        let b = v.to_bits() & 0x7fff_ffff;
-        let take = b >= threshold;
-        candidates[m] = b;
-        m += take as usize;
-        below_max = below_max.max(if take { 0 } else { b });
-    }
-    candidates.truncate(m);
+    let mut candidates = Vec::new();
+    let below_max = simd::select_at_least(isa, xf, threshold, &mut candidates);
     Ok(Part {
         min: r.min,
         max: r.max,

@@ -182,6 +182,9 @@ fn statistic<T: Float>(
             }
             let rank = percentile_rank(p, x.len());
             if x.len() >= HISTOGRAM_MIN {
+                if let Some(v) = percentile_in_one_pass(isa, x, rank, stage, bits)? {
+                    return Ok(v);
+                }
                 return percentile_by_histogram(isa, x, rank, stage, bits);
             }
             // |x| as bit patterns: for non-negative finite floats their integer
@@ -233,6 +236,76 @@ fn tensor_statistic<T: Float>(
 /// Groups at least this large find their percentile with a histogram of the
 /// top 16 bits of |x| (a 256 KiB table); smaller ones copy and select.
 const HISTOGRAM_MIN: usize = 1 << 16;
+
+/// Every `SAMPLE_EVERY`-th stage of a large group is read ahead of the main
+/// pass to guess where its percentile lies.
+const SAMPLE_EVERY: usize = 64;
+
+/// The |x| of rank `rank` in one streaming pass, when a sample places it: a
+/// histogram of every [`SAMPLE_EVERY`]-th stage's |x| gives a threshold that,
+/// with a wide margin, fewer values than `n - rank` lie above; the pass then
+/// checks every stage for non-finite values and keeps the |x| at or above the
+/// threshold. If the value of rank `rank` is among them (the `n - kept`
+/// others are all smaller) it is selected there: exact, whatever the sample
+/// said. `Ok(None)` when the threshold would keep more than an eighth of the
+/// values, or the kept ones did not reach the rank: the caller takes the
+/// two-pass path. `bits` holds at most a quarter of the values.
+fn percentile_in_one_pass<T: Float>(
+    isa: Isa,
+    x: &[T],
+    rank: usize,
+    stage: &mut Vec<f32>,
+    bits: &mut Vec<u32>,
+) -> std::result::Result<Option<f32>, usize> {
+    let n = x.len();
+    let above = (n - rank) as u64;
+    let mut hist = vec![0u32; 1 << 16];
+    let mut m = 0u64;
+    for xs in x.chunks(STAGE).step_by(SAMPLE_EVERY) {
+        // Non-finite values only land in the top bins; the main pass reports them.
+        let _ = for_each_stage(isa, xs, stage, |_, s| {
+            for v in s {
+                hist[((v.to_bits() & 0x7fff_ffff) >> BIN_SHIFT) as usize] += 1;
+            }
+            Ok(())
+        });
+        m += xs.len() as u64;
+    }
+    // How many sampled values must lie at or above the threshold: the rank's
+    // share of the sample plus eight standard deviations and a constant.
+    let want = (above * m).div_ceil(n as u64);
+    let want = want + 8 * (want as f64).sqrt().ceil() as u64 + 32;
+    let (mut bin, mut count) = (hist.len(), 0u64);
+    while bin > 0 && count < want {
+        bin -= 1;
+        count += hist[bin] as u64;
+    }
+    if count < want || bin == 0 || count * 8 > m {
+        return Ok(None);
+    }
+    let threshold = (bin as u32) << BIN_SHIFT;
+    let cap = n / 4;
+    bits.clear();
+    let mut full = false;
+    for_each_stage(isa, x, stage, |off, xs| {
+        for (k, s) in xs.chunks(STAGE).enumerate() {
+            if simd::absmax_bits(isa, s) >= F32_INF_BITS {
+                return Err(off + k * STAGE + simd::scalar::first_non_finite(s));
+            }
+            if !full {
+                simd::select_at_least(isa, s, threshold, bits);
+                full = bits.len() > cap;
+            }
+        }
+        Ok(())
+    })?;
+    let below = n - bits.len();
+    if full || rank < below {
+        return Ok(None);
+    }
+    let (_, v, _) = bits.select_nth_unstable(rank - below);
+    Ok(Some(f32::from_bits(*v)))
+}
 
 /// The |x| of rank `rank` in two streaming passes and no copy of the input:
 /// a histogram of the top 16 bits of each |x| bit pattern (with the

@@ -286,6 +286,25 @@ unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
     }
 }
 
+/// `LEFT_PACK[m]`: the lanes set in the 8-bit mask `m`, in order, then zeros
+/// (a `vpermd` index that moves the selected lanes to the front).
+static LEFT_PACK: [[u32; 8]; 256] = {
+    let mut t = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut lane, mut k) = (0, 0);
+        while lane < 8 {
+            if m & (1 << lane) != 0 {
+                t[m][k] = lane as u32;
+                k += 1;
+            }
+            lane += 1;
+        }
+        m += 1;
+    }
+    t
+};
+
 impl Kernels for Avx2 {
     #[inline(always)]
     unsafe fn dot_dequant_i8_rows(
@@ -366,8 +385,86 @@ impl Kernels for Avx2 {
 
     #[inline(always)]
     unsafe fn shifted_moments(x: &[f32], k: f64) -> (f64, f64) {
-        // SAFETY: the scalar kernels need no CPU features (same order by definition).
-        unsafe { Scalar::shifted_moments(x, k) }
+        let mut xc = x.chunks_exact(16);
+        let (mut l1, mut l2) = ([0f64; 16], [0f64; 16]);
+        // SAFETY: AVX2 per the Kernels contract; loads read full chunks of `x`
+        // and the stores write the two 16-lane arrays. Accumulator `j` holds
+        // lanes 4j..4j + 4 of the scalar order (value i goes to lane i % 16).
+        unsafe {
+            let kk = _mm256_set1_pd(k);
+            let mut a = [_mm256_setzero_pd(); 4];
+            let mut b = [_mm256_setzero_pd(); 4];
+            for c in &mut xc {
+                let v0 = _mm256_loadu_ps(c.as_ptr());
+                let v1 = _mm256_loadu_ps(c.as_ptr().add(8));
+                let d = [
+                    _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v0)), kk),
+                    _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v0)), kk),
+                    _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v1)), kk),
+                    _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v1)), kk),
+                ];
+                for j in 0..4 {
+                    a[j] = _mm256_add_pd(a[j], d[j]);
+                    b[j] = _mm256_add_pd(b[j], _mm256_mul_pd(d[j], d[j]));
+                }
+            }
+            for j in 0..4 {
+                _mm256_storeu_pd(l1.as_mut_ptr().add(4 * j), a[j]);
+                _mm256_storeu_pd(l2.as_mut_ptr().add(4 * j), b[j]);
+            }
+        }
+        // The tail continues the same lanes (it starts at a multiple of 16).
+        for (i, &v) in xc.remainder().iter().enumerate() {
+            let d = v as f64 - k;
+            l1[i] += d;
+            l2[i] += d * d;
+        }
+        let (mut t1, mut t2) = (0f64, 0f64);
+        for j in 0..16 {
+            t1 += l1[j];
+            t2 += l2[j];
+        }
+        (t1, t2)
+    }
+
+    #[inline(always)]
+    unsafe fn select_at_least(x: &[f32], threshold: u32, out: &mut Vec<u32>) -> u32 {
+        // Chunks of 8 between capacity checks.
+        const GROUP: usize = 256;
+        let mut xc = x.chunks_exact(8);
+        // SAFETY: AVX2 per the Kernels contract; loads read full chunks of `x`.
+        // Every chunk stores 8 lanes at `out`'s end, inside the capacity
+        // reserved for its group (8 per chunk), and the length then grows by
+        // the number of lanes taken, all of them written: `set_len` covers
+        // initialized values only.
+        let below = unsafe {
+            let abs = _mm256_set1_epi32(0x7fff_ffff);
+            let t = _mm256_set1_epi32(threshold as i32);
+            let mut m = _mm256_setzero_si256();
+            while xc.len() > 0 {
+                out.reserve(8 * GROUP.min(xc.len()));
+                let mut len = out.len();
+                let base = out.as_mut_ptr();
+                for c in (&mut xc).take(GROUP) {
+                    let b = _mm256_and_si256(_mm256_loadu_si256(c.as_ptr().cast()), abs);
+                    // b >= t (unsigned) exactly where max(b, t) == b.
+                    let ge = _mm256_cmpeq_epi32(_mm256_max_epu32(b, t), b);
+                    m = _mm256_max_epu32(m, _mm256_andnot_si256(ge, b));
+                    let mask = _mm256_movemask_ps(_mm256_castsi256_ps(ge)) as usize;
+                    // Left-pack the taken lanes, in order.
+                    let idx = _mm256_loadu_si256(LEFT_PACK[mask].as_ptr().cast());
+                    _mm256_storeu_si256(base.add(len).cast(), _mm256_permutevar8x32_epi32(b, idx));
+                    len += mask.count_ones() as usize;
+                }
+                out.set_len(len);
+            }
+            let h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+            _mm_cvtsi128_si32(h) as u32
+        };
+        // SAFETY: the scalar kernels need no CPU features.
+        below.max(unsafe { Scalar::select_at_least(xc.remainder(), threshold, out) })
     }
 
     #[inline(always)]

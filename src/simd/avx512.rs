@@ -1576,6 +1576,13 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     }
 
     #[inline(always)]
+    unsafe fn select_at_least(x: &[f32], threshold: u32, out: &mut Vec<u32>) -> u32 {
+        // SAFETY: the AVX-512 tier's features include AVX2's. Few chunks hold a
+        // candidate, so the loop is bound by its loads, not by the lane count.
+        unsafe { super::avx2::Avx2::select_at_least(x, threshold, out) }
+    }
+
+    #[inline(always)]
     unsafe fn absmax_columns(row: &[f32], acc: &mut [u32]) {
         let n = row.len().min(acc.len());
         let (row, acc) = (&row[..n], &mut acc[..n]);

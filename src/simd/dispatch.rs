@@ -214,6 +214,11 @@ primitive!(
     shifted_moments(x: &[f32], k: f64) -> (f64, f64)
 );
 primitive!(
+    /// Appends the |x| bit patterns at or above `threshold` to `out` (in
+    /// order); returns the largest |x| bit pattern below it (0 if none).
+    select_at_least(x: &[f32], threshold: u32, out: &mut Vec<u32>) -> u32
+);
+primitive!(
     /// Running column maxima of |x| as bit patterns.
     absmax_columns(row: &[f32], acc: &mut [u32]) -> ()
 );

@@ -280,6 +280,9 @@ pub(crate) trait Kernels {
     /// `acc[j] = max(acc[j], bits(row[j]) & 0x7fff_ffff)` over `min(len)`:
     /// running column maxima of |x| as bit patterns.
     unsafe fn absmax_columns(row: &[f32], acc: &mut [u32]);
+    /// Appends to `out`, in order, the |x| bit patterns at or above
+    /// `threshold`; returns the largest |x| bit pattern below it (0 if none).
+    unsafe fn select_at_least(x: &[f32], threshold: u32, out: &mut Vec<u32>) -> u32;
     /// Min, max and the non-finite flag of an f32 run, in one pass.
     unsafe fn range_f32(x: &[f32]) -> Range<f32>;
     /// Min, max and the non-finite flag of an f64 run, in one pass.

@@ -219,6 +219,20 @@ impl Kernels for Scalar {
     }
 
     #[inline(always)]
+    unsafe fn select_at_least(x: &[f32], threshold: u32, out: &mut Vec<u32>) -> u32 {
+        let mut below = 0u32;
+        for v in x {
+            let b = v.to_bits() & 0x7fff_ffff;
+            if b >= threshold {
+                out.push(b);
+            } else {
+                below = below.max(b);
+            }
+        }
+        below
+    }
+
+    #[inline(always)]
     unsafe fn absmax_columns(row: &[f32], acc: &mut [u32]) {
         for (a, v) in acc.iter_mut().zip(row) {
             *a = (*a).max(v.to_bits() & 0x7fff_ffff);

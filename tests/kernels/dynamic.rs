@@ -211,6 +211,58 @@ fn the_histogram_percentile_is_the_sorted_element() {
     }
 }
 
+/// Groups of many stages guess the percentile's range from a sample of stages
+/// (0, 64, 128, ...) and select in one pass; a sample that misleads sends
+/// them to the two-pass path. Either way: the sorted element, for f32 and
+/// f64 input, and the first non-finite index wherever it lies.
+#[test]
+fn the_sampled_percentile_is_the_sorted_element_even_when_the_sample_misleads() {
+    const STAGE: usize = 4096;
+    let n = 300_001;
+    let sampled = |i: usize| (i / STAGE) % 64 == 0;
+    let mut r = crate::rng::Rng(5);
+    let dists: Vec<Vec<f32>> = vec![
+        values(n, 3),
+        // The sample sees only small values (the threshold keeps everything).
+        (0..n)
+            .map(|i| if sampled(i) { 1.0 } else { 100.0 + r.unit() })
+            .collect(),
+        // The sample sees only large values (too few kept to reach the rank).
+        (0..n)
+            .map(|i| if sampled(i) { 1e6 + i as f32 } else { r.unit() })
+            .collect(),
+        // Growing magnitudes: the sample is spread but not representative.
+        (0..n)
+            .map(|i| (i as f32).sqrt() * if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect(),
+        (0..n).map(|i| (i % 7) as f32 * 0.25).collect(),
+    ];
+    for x in &dists {
+        let mut sorted: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        for p in [1e-9, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999, 0.99999, 1.0] {
+            let rank = ferroquant::ops::dynamic::percentile_rank(p, n);
+            for isa in Isa::supported() {
+                let got = compute_scale_with(isa, x, 1.0, ScaleMode::Percentile(p)).unwrap();
+                assert_eq!(got.to_bits(), sorted[rank].to_bits(), "{isa:?} p {p}");
+                let got = compute_scale_with(isa, &x64, 1.0, ScaleMode::Percentile(p)).unwrap();
+                assert_eq!(got.to_bits(), sorted[rank].to_bits(), "{isa:?} f64 p {p}");
+            }
+        }
+    }
+    // A NaN outside the sample, one in a sampled stage after it, then one in
+    // a sampled stage before it: the first wins.
+    let mut x = values(n, 4);
+    x[200_000] = f32::NAN;
+    let err = |x: &[f32]| compute_scale_with(Isa::detected(), x, 1.0, ScaleMode::Percentile(0.99));
+    assert_eq!(err(&x).unwrap_err().to_string(), errs_string(200_000));
+    x[64 * STAGE + 5] = f32::INFINITY;
+    assert_eq!(err(&x).unwrap_err().to_string(), errs_string(200_000));
+    x[5] = f32::NEG_INFINITY;
+    assert_eq!(err(&x).unwrap_err().to_string(), errs_string(5));
+}
+
 /// Outputs of 8 MiB or more with rows of 4 KiB or more stream their codes:
 /// still the scalar result (rows of 4099 start at every alignment).
 #[test]
@@ -261,6 +313,54 @@ fn moment_and_column_primitives_match_scalar() {
             let mut got = init.clone();
             simd::absmax_columns(isa, &x, &mut got);
             assert_eq!(got, want, "{isa:?} n {n}");
+        }
+    }
+}
+
+/// The candidate filter of the percentile and calibration passes: the values
+/// at or above a threshold in order, the largest below it, on every tier —
+/// thresholds that take none, a few, every value, and ones equal to a value
+/// (with -0.0, subnormals and the largest finite values among them).
+#[test]
+fn candidate_selection_matches_scalar() {
+    use ferroquant::simd;
+    for n in (0..70).chain([1000, 4099]) {
+        let mut x = values(n, 90 + n as u64);
+        for (i, v) in x.iter_mut().enumerate() {
+            match i % 11 {
+                3 => *v = -0.0,
+                5 => *v = f32::from_bits(1 + i as u32),
+                7 => *v = if i % 2 == 0 { f32::MAX } else { -f32::MAX },
+                _ => {}
+            }
+        }
+        let mut sorted: Vec<u32> = x.iter().map(|v| v.to_bits() & 0x7fff_ffff).collect();
+        sorted.sort_unstable();
+        let mut thresholds = vec![0, 1, u32::MAX, 0x7f80_0000];
+        thresholds.extend(sorted.iter().step_by(7).copied());
+        thresholds.extend(sorted.iter().rev().take(3).map(|b| b + 1));
+        for t in thresholds {
+            let mut want = vec![7u32];
+            let below = simd::select_at_least(Isa::Scalar, &x, t, &mut want);
+            let expect: Vec<u32> = std::iter::once(7)
+                .chain(
+                    x.iter()
+                        .map(|v| v.to_bits() & 0x7fff_ffff)
+                        .filter(|&b| b >= t),
+                )
+                .collect();
+            assert_eq!(want, expect, "scalar n {n} t {t:#x}");
+            let expect_below = sorted.iter().copied().filter(|&b| b < t).max().unwrap_or(0);
+            assert_eq!(below, expect_below, "scalar n {n} t {t:#x}");
+            for isa in Isa::supported() {
+                let mut got = vec![7u32];
+                let got_below = simd::select_at_least(isa, &x, t, &mut got);
+                assert_eq!(
+                    (got, got_below),
+                    (want.clone(), below),
+                    "{isa:?} n {n} t {t:#x}"
+                );
+            }
         }
     }
 }
