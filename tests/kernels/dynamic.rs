@@ -219,7 +219,7 @@ fn the_histogram_percentile_is_the_sorted_element() {
 fn the_sampled_percentile_is_the_sorted_element_even_when_the_sample_misleads() {
     const STAGE: usize = 4096;
     let n = 300_001;
-    let sampled = |i: usize| (i / STAGE) % 64 == 0;
+    let sampled = |i: usize| (i / STAGE).is_multiple_of(64);
     let mut r = crate::rng::Rng(5);
     let dists: Vec<Vec<f32>> = vec![
         values(n, 3),
