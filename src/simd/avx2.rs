@@ -1,7 +1,9 @@
 //! AVX2 primitives: 8 lanes; tails shorter than a vector go through the
 //! scalar kernel, which computes the same values.
 
-use super::kernels::{Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN};
+use super::kernels::{
+    Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN, PACKED_MIN_TOKENS,
+};
 use super::scalar::{self, quantize_one, Scalar};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -174,6 +176,246 @@ unsafe fn dots_rows<const R: usize>(w: &[i8], a: &[i8], k: usize) -> [i64; R] {
         *t += scalar::i8_dot(&w[r * k + body..(r + 1) * k], &a[body..k]);
     }
     total
+}
+
+/// Tokens in one packed group of the outer-product kernel (two vectors).
+const GROUP: usize = 16;
+/// Weight rows one outer-product tile takes: 12 accumulators, two token
+/// vectors and a broadcast fill 15 of the 16 registers.
+const TILE: usize = 6;
+/// Pairs of products an i32 lane sums before it is widened (`DOT_CHUNK`
+/// products: exact for any bytes).
+const CHUNK_PAIRS: usize = scalar::DOT_CHUNK / 2;
+
+/// Tokens packed for [`outer_block`]: for group `g` of 16 tokens and pair
+/// `p` of positions `2p, 2p + 1`, 16 words at `(g·kp + p)·16`, word `t`
+/// holding token `16g + t`'s two codes as i16 (position `2p` low). Missing
+/// tokens and the partner of an odd `k`'s last position are 0. `None` when
+/// the buffer cannot be allocated.
+fn pack_pairs(a: &[i8], k: usize) -> Option<Vec<u32>> {
+    let (tokens, kp) = (a.len() / k, k.div_ceil(2));
+    let groups = tokens.div_ceil(GROUP);
+    let len = groups.checked_mul(kp)?.checked_mul(GROUP)?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).ok()?;
+    out.resize(len, 0u32);
+    for (t, at) in a.chunks_exact(k).enumerate() {
+        let (g, lane) = (t / GROUP, t % GROUP);
+        let dst = &mut out[g * kp * GROUP..(g + 1) * kp * GROUP];
+        for (p, pair) in at.chunks(2).enumerate() {
+            let lo = pair[0] as i16 as u16 as u32;
+            let hi = pair.get(1).map_or(0, |&b| b as i16 as u16 as u32);
+            dst[p * GROUP + lane] = lo | hi << 16;
+        }
+    }
+    Some(out)
+}
+
+/// Pairs in one block of k: a tile's widened block (6 KiB) stays in L1
+/// while every token group's slice (16 KiB) streams past it.
+const BLOCK_PAIRS: usize = 256;
+
+/// `R` weight rows (stride `k`) widened for [`outer_block`]: row `r`'s
+/// `kp = ceil(k / 2)` pairs at `r·kp`, each word two i16 codes (position
+/// `2p` low, an odd `k`'s missing partner 0). Whole rows: read in order,
+/// the weight streams from memory at full speed.
+#[inline(always)]
+unsafe fn widen_rows<const R: usize>(w: &[i8], k: usize, out: &mut [u32]) {
+    let kp = k.div_ceil(2);
+    for r in 0..R {
+        let row = &w[r * k..(r + 1) * k];
+        let dst = &mut out[r * kp..(r + 1) * kp];
+        let body = row.len() - row.len() % 16;
+        // SAFETY: AVX2 per the caller; each load reads 16 bytes of `row`
+        // below `body`, each store 8 words of `dst` below `body / 2 <= n`.
+        unsafe {
+            let mut i = 0;
+            while i < body {
+                let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(row.as_ptr().add(i).cast()));
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i / 2).cast(), v);
+                i += 16;
+            }
+        }
+        for (p, pair) in row[body..].chunks(2).enumerate() {
+            let lo = pair[0] as i16 as u16 as u32;
+            let hi = pair.get(1).map_or(0, |&b| b as i16 as u16 as u32);
+            dst[body / 2 + p] = lo | hi << 16;
+        }
+    }
+}
+
+/// Pair `p` of [`outer_block`] (a function, not a closure: closures do not
+/// inherit the caller's target features).
+#[inline(always)]
+unsafe fn outer_step<const R: usize>(
+    v: &mut [[__m256i; 2]; R],
+    wp: *const u32,
+    kp: usize,
+    tq: *const u32,
+    p: usize,
+) {
+    // SAFETY: AVX2 and the bounds per `outer_block`.
+    unsafe {
+        let t0 = _mm256_loadu_si256(tq.add(p * GROUP).cast());
+        let t1 = _mm256_loadu_si256(tq.add(p * GROUP + 8).cast());
+        for (r, v) in v.iter_mut().enumerate() {
+            let b = _mm256_set1_epi32(*wp.add(r * kp + p) as i32);
+            v[0] = _mm256_add_epi32(v[0], _mm256_madd_epi16(b, t0));
+            v[1] = _mm256_add_epi32(v[1], _mm256_madd_epi16(b, t1));
+        }
+    }
+}
+
+/// `n` pairs of `R` widened rows (`wb`, row `r` at `r·kp`) against one
+/// packed group's slice (`tp`, 16 words a pair), added to the i32 sums `acc`
+/// (`[r][t]`): `vpmaddwd` of a row's broadcast pair against two vectors of
+/// token pairs. The caller widens the sums before they can overflow.
+#[inline(always)]
+unsafe fn outer_block<const R: usize>(
+    wb: &[u32],
+    kp: usize,
+    tp: &[u32],
+    n: usize,
+    acc: &mut [[i32; GROUP]; R],
+) {
+    assert!(n <= kp && wb.len() >= (R - 1) * kp + n && tp.len() >= n * GROUP);
+    let (wp, tq) = (wb.as_ptr(), tp.as_ptr());
+    // SAFETY: AVX2 per the caller; pair `p < n` reads word `r·kp + p` of `wb`
+    // and words `16p..16p + 16` of `tp`, inside both (asserted); `acc` is R
+    // rows of 16 i32.
+    unsafe {
+        let mut v = [[_mm256_setzero_si256(); 2]; R];
+        for (v, a) in v.iter_mut().zip(acc.iter()) {
+            v[0] = _mm256_loadu_si256(a.as_ptr().cast());
+            v[1] = _mm256_loadu_si256(a.as_ptr().add(8).cast());
+        }
+        for p in 0..n {
+            outer_step::<R>(&mut v, wp, kp, tq, p);
+        }
+        for (v, a) in v.iter().zip(acc.iter_mut()) {
+            _mm256_storeu_si256(a.as_mut_ptr().cast(), v[0]);
+            _mm256_storeu_si256(a.as_mut_ptr().add(8).cast(), v[1]);
+        }
+    }
+}
+
+/// The exact sums of `R` rows (stride `k`) with every packed group, `[g][r][t]`
+/// into `tot`: block by block of k, the rows widened once a block, i32 sums
+/// widened to i64 before [`CHUNK_PAIRS`] pairs.
+#[inline(always)]
+unsafe fn outer_rows<const R: usize>(
+    w: &[i8],
+    k: usize,
+    packed: &[u32],
+    wb: &mut [u32],
+    acc: &mut Vec<[[i32; GROUP]; R]>,
+    tot: &mut Vec<[[i64; GROUP]; R]>,
+) {
+    let kp = k.div_ceil(2);
+    let groups = packed.len() / (kp * GROUP);
+    // Within the capacity the caller reserved: no allocation.
+    acc.clear();
+    acc.resize(groups, [[0; GROUP]; R]);
+    tot.clear();
+    tot.resize(groups, [[0; GROUP]; R]);
+    // SAFETY: AVX2 per the caller; the rows lie inside `w`.
+    unsafe { widen_rows::<R>(w, k, wb) };
+    let mut pending = 0;
+    let mut p0 = 0;
+    while p0 < kp {
+        let n = BLOCK_PAIRS.min(kp - p0);
+        for (g, a) in acc.iter_mut().enumerate() {
+            let tp = &packed[(g * kp + p0) * GROUP..(g * kp + p0 + n) * GROUP];
+            // SAFETY: as above; `wb` holds the widened rows.
+            unsafe { outer_block::<R>(&wb[p0..], kp, tp, n, a) };
+        }
+        pending += n;
+        p0 += n;
+        if pending + BLOCK_PAIRS > CHUNK_PAIRS || p0 == kp {
+            for (t, a) in tot.iter_mut().zip(acc.iter_mut()) {
+                for (tr, ar) in t.iter_mut().zip(a.iter_mut()) {
+                    for (x, y) in tr.iter_mut().zip(ar.iter_mut()) {
+                        *x += *y as i64;
+                        *y = 0;
+                    }
+                }
+            }
+            pending = 0;
+        }
+    }
+}
+
+/// [`Kernels::i8_products`] by outer products: the tokens packed once, then
+/// tiles of rows against every group, rescaled. `false` (nothing written)
+/// when a buffer cannot be allocated.
+#[inline(always)]
+unsafe fn outer_products(
+    w: &[i8],
+    a: &[i8],
+    k: usize,
+    w_scales: &[f32],
+    a_scales: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) -> bool {
+    let (rows, tokens) = (w_scales.len().min(w.len() / k), a.len() / k);
+    let Some(packed) = pack_pairs(a, k) else {
+        return false;
+    };
+    let kp = k.div_ceil(2);
+    let mut wb = Vec::new();
+    if wb.try_reserve_exact(TILE * kp).is_err() {
+        return false;
+    }
+    wb.resize(TILE * kp, 0u32);
+    fn put<const R: usize>(
+        out: &mut [f32],
+        stride: usize,
+        r0: usize,
+        sums: &[[[i64; GROUP]; R]],
+        w_scales: &[f32],
+        a_scales: &[f32],
+    ) {
+        let tokens = a_scales.len();
+        for (g, s) in sums.iter().enumerate() {
+            for (j, s) in s.iter().enumerate() {
+                let ws = w_scales[r0 + j];
+                for (lane, &acc) in s.iter().enumerate() {
+                    let t = g * GROUP + lane;
+                    if t < tokens {
+                        out[t * stride + r0 + j] = acc as f32 * ws * a_scales[t];
+                    }
+                }
+            }
+        }
+    }
+    let a_scales = &a_scales[..tokens];
+    // The sums of every group, reserved here so that `outer_rows` never
+    // allocates: a failure sends the call to the dot products instead.
+    let groups = tokens.div_ceil(GROUP);
+    let (mut acc, mut tot) = (Vec::new(), Vec::new());
+    let (mut acc1, mut tot1) = (Vec::new(), Vec::new());
+    if acc.try_reserve_exact(groups).is_err()
+        || tot.try_reserve_exact(groups).is_err()
+        || acc1.try_reserve_exact(groups).is_err()
+        || tot1.try_reserve_exact(groups).is_err()
+    {
+        return false;
+    }
+    let mut r0 = 0;
+    while r0 + TILE <= rows {
+        // SAFETY: AVX2 per the caller; the tile's rows lie inside `w`.
+        unsafe { outer_rows::<TILE>(&w[r0 * k..], k, &packed, &mut wb, &mut acc, &mut tot) };
+        put::<TILE>(out, stride, r0, &tot, w_scales, a_scales);
+        r0 += TILE;
+    }
+    while r0 < rows {
+        // SAFETY: as above, one row.
+        unsafe { outer_rows::<1>(&w[r0 * k..], k, &packed, &mut wb, &mut acc1, &mut tot1) };
+        put::<1>(out, stride, r0, &tot1, w_scales, a_scales);
+        r0 += 1;
+    }
+    true
 }
 
 /// 64 steps of the dequantizing dot product into eight 8-lane accumulators
@@ -357,6 +599,31 @@ impl Kernels for Avx2 {
                 out[r * tokens + t] = d[0];
                 r += 1;
             }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn i8_products(
+        w: &[i8],
+        a: &[i8],
+        k: usize,
+        w_scales: &[f32],
+        a_scales: &[f32],
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let (rows, tokens) = (w_scales.len().min(w.len() / k), a.len() / k);
+        // SAFETY: AVX2 per the Kernels contract; outputs are written through
+        // bounds-checked indexing.
+        if tokens >= PACKED_MIN_TOKENS
+            && rows <= stride
+            && unsafe { outer_products(w, a, k, w_scales, a_scales, out, stride) }
+        {
+            return;
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            super::kernels::products_via_dots::<Self>(w, a, k, w_scales, a_scales, out, stride)
         }
     }
 

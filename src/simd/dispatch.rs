@@ -172,11 +172,12 @@ primitive!(
     i8_products(w: &[i8], a: &[i8], k: usize, w_scales: &[f32], a_scales: &[f32], out: &mut [f32], stride: usize) -> ()
 );
 
-/// Whether [`i8_dots`] (and [`i8_products`]) on `isa` packs `tokens` activations (a copy each call,
-/// then outer products over them): callers should then hand it many rows
-/// per call, not a small panel at a time.
+/// Whether [`i8_products`] on `isa` packs `tokens` activations (a copy each
+/// call, then outer products over them; on AVX-512 VNNI [`i8_dots`] too):
+/// callers should then hand it many rows per call, not a small panel at a
+/// time.
 pub fn i8_dots_packs(isa: Isa, tokens: usize) -> bool {
-    isa.usable() == Isa::Avx512Vnni && tokens >= PACKED_MIN_TOKENS
+    matches!(isa.usable(), Isa::Avx512Vnni | Isa::Avx2) && tokens >= PACKED_MIN_TOKENS
 }
 
 primitive!(

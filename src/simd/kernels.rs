@@ -9,8 +9,9 @@ use half::{bf16, f16};
 /// Bits of `+inf` in f32: an absolute value's bits at or above this are non-finite.
 pub const F32_INF_BITS: u32 = 0x7f80_0000;
 
-/// From this many tokens on, `i8_dots` on AVX-512 VNNI packs the activations
-/// (one copy a call) and runs outer products over them.
+/// From this many tokens on, `i8_products` on AVX2 and `i8_dots` on AVX-512
+/// VNNI pack the activations (one copy a call) and run outer products over
+/// them (fewer would leave token lanes idle).
 pub const PACKED_MIN_TOKENS: usize = 16;
 
 /// A per-group scale rule from the group's max |x| (blockwise, per-token and

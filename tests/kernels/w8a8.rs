@@ -143,6 +143,19 @@ fn sums_past_i32_are_exact_on_every_isa() {
             let a = bytes(tokens * (k + 3), 6);
             assert_eq!(dots(isa, &w, &a, k + 3), dots(Isa::Scalar, &w, &a, k + 3));
         }
+        // The rescaled form (AVX2 packs from 16 tokens and sums i16 pairs):
+        // unit scales leave the exact sum, rounded once to f32.
+        for (wv, av) in cases {
+            let (rows, tokens) = (5, 17);
+            let (w, a) = (vec![wv; rows * k], vec![av; tokens * k]);
+            let mut out = vec![f32::NAN; rows * tokens];
+            simd::i8_products(isa, &w, &a, k, &[1.0; 5], &[1.0; 17], &mut out, rows);
+            let want = (wv as i64 * av as i64 * k as i64) as f32;
+            assert!(
+                out.iter().all(|&v| v == want),
+                "{isa:?} {wv} x {av}: {out:?}"
+            );
+        }
     }
     assert_eq!(scalar::i8_dot(&[-128; 3], &[-128; 3]), 3 * 16384);
 }
