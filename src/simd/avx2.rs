@@ -421,35 +421,68 @@ unsafe fn outer_products(
 /// 64 steps of the dequantizing dot product into eight 8-lane accumulators
 /// (lanes 8j..8j+8), `d(i) = q[i] - zp` (the row's scale comes after the sum).
 #[inline(always)]
-unsafe fn dot64_i8(q: *const i8, x: *const f32, zp: __m256, acc: &mut [__m256; 8]) {
+unsafe fn dot64_i8<const ZP: bool>(q: *const i8, x: *const f32, zp: __m256, acc: &mut [__m256; 8]) {
     // SAFETY: the caller guarantees 64 codes at `q`, 64 floats at `x`, AVX2/FMA.
     unsafe {
         for (j, a) in acc.iter_mut().enumerate() {
             let c = _mm_loadl_epi64(q.add(8 * j).cast());
-            let d = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), zp);
+            let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+            // `ZP = false`: a zero point of ±0 (`q - 0 = q`, exact) is skipped.
+            let d = if ZP { _mm256_sub_ps(v, zp) } else { v };
             *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * j)), d, *a);
         }
     }
+}
+
+/// How far ahead (bytes of weight) the row-streaming dot products prefetch
+/// into L2, as on AVX-512: the hardware prefetcher alone left the weight
+/// streaming at 8 GB/s on Zen 3, where NumPy's GEMV read at 19.
+const PREFETCH_BYTES: usize = 32 * 1024;
+
+/// The row about [`PREFETCH_BYTES`] after row `r` of rows `stride` bytes
+/// apart in a slice of `len` bytes from `base`, if the slice holds all of it
+/// (`n` bytes a row); prefetches stay inside the caller's data.
+#[inline(always)]
+fn row_ahead<T>(base: *const T, len: usize, stride: usize, r: usize, n: usize) -> Option<*const T> {
+    let rows = PREFETCH_BYTES.div_ceil(stride.max(1));
+    let at = (r + rows).checked_mul(stride)?;
+    (at.checked_add(n)? <= len).then(|| base.wrapping_add(at))
 }
 
 /// As `dot64_i8` for the 128 int4 codes in 64 bytes at `p`, `xs` in
 /// `nibble_planes` order: each half of the bytes read as eight 32-bit words
 /// (words `8h..8h + 8` of the block), nibble `k` of every word is plane `k`,
 /// lanes `8h..` of positions `16k..`, which go to accumulator `2(k % 4) + h`.
+/// A nibble is sign-extended by moving it to the top bits and shifting it
+/// down arithmetically; `ZP = false` skips subtracting a zero point of ±0
+/// (exact: `n - 0 = n`). The vector units are the limit here, so every
+/// operation a step saves counts.
 #[inline(always)]
-unsafe fn dot128_i4(p: *const u8, xs: *const f32, zp: __m256, s: __m256, acc: &mut [__m256; 8]) {
+unsafe fn dot128_i4<const ZP: bool>(
+    p: *const u8,
+    xs: *const f32,
+    zp: __m256,
+    s: __m256,
+    acc: &mut [__m256; 8],
+) {
     // SAFETY: the caller guarantees 64 bytes at `p`, 128 floats at `xs`, AVX2/FMA.
     unsafe {
-        let (low, eight) = (_mm256_set1_epi32(0xf), _mm256_set1_epi32(8));
         for h in 0..2 {
-            let mut w = _mm256_loadu_si256(p.add(32 * h).cast());
-            for k in 0..8 {
-                if k > 0 {
-                    w = _mm256_srli_epi32::<4>(w);
-                }
-                // Two's complement nibble: (n ^ 8) - 8.
-                let n = _mm256_sub_epi32(_mm256_xor_si256(_mm256_and_si256(w, low), eight), eight);
-                let d = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(n), zp), s);
+            let w = _mm256_loadu_si256(p.add(32 * h).cast());
+            let planes = [
+                _mm256_srai_epi32::<28>(_mm256_slli_epi32::<28>(w)),
+                _mm256_srai_epi32::<28>(_mm256_slli_epi32::<24>(w)),
+                _mm256_srai_epi32::<28>(_mm256_slli_epi32::<20>(w)),
+                _mm256_srai_epi32::<28>(_mm256_slli_epi32::<16>(w)),
+                _mm256_srai_epi32::<28>(_mm256_slli_epi32::<12>(w)),
+                _mm256_srai_epi32::<28>(_mm256_slli_epi32::<8>(w)),
+                _mm256_srai_epi32::<28>(_mm256_slli_epi32::<4>(w)),
+                _mm256_srai_epi32::<28>(w),
+            ];
+            for (k, n) in planes.into_iter().enumerate() {
+                let v = _mm256_cvtepi32_ps(n);
+                let v = if ZP { _mm256_sub_ps(v, zp) } else { v };
+                let d = _mm256_mul_ps(v, s);
                 let a = &mut acc[2 * (k % 4) + h];
                 *a = _mm256_fmadd_ps(_mm256_loadu_ps(xs.add(16 * k + 8 * h)), d, *a);
             }
@@ -476,22 +509,30 @@ unsafe fn tree64(a: [__m256; 8]) -> f32 {
 
 /// One row of `dot_dequant_i8_rows`.
 #[inline(always)]
-unsafe fn dot_i8(q: &[i8], zp: f32, scale: f32, x: &[f32]) -> f32 {
+unsafe fn dot_i8(q: &[i8], zp: f32, scale: f32, x: &[f32], ahead: Option<*const i8>) -> f32 {
     let n = x.len().min(q.len());
     let body = n - n % 64;
     // SAFETY: AVX2/FMA per the Kernels contract; full steps read inside
-    // `q` and `x`; the tail runs on zero-padded copies.
+    // `q` and `x`; the tail runs on zero-padded copies; prefetches (of the
+    // caller's row `ahead`, as long as this one) never fault.
     unsafe {
         let zpv = _mm256_set1_ps(zp);
         let mut acc = [_mm256_setzero_ps(); 8];
         for i in (0..body).step_by(64) {
-            dot64_i8(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
+            if let Some(a) = ahead {
+                _mm_prefetch::<_MM_HINT_T1>(a.wrapping_add(i).cast());
+            }
+            if zp == 0.0 {
+                dot64_i8::<false>(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
+            } else {
+                dot64_i8::<true>(q.as_ptr().add(i), x.as_ptr().add(i), zpv, &mut acc);
+            }
         }
         if body < n {
             let (mut qt, mut xt) = ([0i8; 64], [0f32; 64]);
             qt[..n - body].copy_from_slice(&q[body..n]);
             xt[..n - body].copy_from_slice(&x[body..n]);
-            dot64_i8(qt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
+            dot64_i8::<true>(qt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
         }
         tree64(acc) * scale
     }
@@ -499,7 +540,7 @@ unsafe fn dot_i8(q: &[i8], zp: f32, scale: f32, x: &[f32]) -> f32 {
 
 /// One row of `dot_dequant_i4_rows` (its bytes exactly).
 #[inline(always)]
-unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
+unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32], ahead: Option<*const u8>) -> f32 {
     const BLOCK: usize = scalar::PLANE_BLOCK;
     let n = xs.len().min(2 * p.len());
     let body = n - n % BLOCK;
@@ -510,7 +551,14 @@ unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
         let (zpv, sv) = (_mm256_set1_ps(zp), _mm256_set1_ps(scale));
         let mut acc = [_mm256_setzero_ps(); 8];
         for i in (0..body).step_by(BLOCK) {
-            dot128_i4(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
+            if let Some(a) = ahead {
+                _mm_prefetch::<_MM_HINT_T1>(a.wrapping_add(i / 2).cast());
+            }
+            if zp == 0.0 {
+                dot128_i4::<false>(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
+            } else {
+                dot128_i4::<true>(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
+            }
         }
         let rest = xs.len().min(body + BLOCK) - body;
         if rest > 0 && body < 2 * p.len() {
@@ -522,7 +570,7 @@ unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
                     *v = xs[body + k];
                 }
             }
-            dot128_i4(pt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
+            dot128_i4::<true>(pt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
         }
         tree64(acc)
     }
@@ -558,8 +606,9 @@ impl Kernels for Avx2 {
         out: &mut [f32],
     ) {
         for (r, (o, (&zp, &s))) in out.iter_mut().zip(zps.iter().zip(scales)).enumerate() {
+            let ahead = row_ahead(q.as_ptr(), q.len(), stride, r, x.len());
             // SAFETY: forwarded from this function's contract.
-            *o = unsafe { dot_i8(&q[r * stride..r * stride + x.len()], zp, s, x) };
+            *o = unsafe { dot_i8(&q[r * stride..r * stride + x.len()], zp, s, x, ahead) };
         }
     }
 
@@ -575,8 +624,9 @@ impl Kernels for Avx2 {
     ) {
         for (r, (o, (&zp, &s))) in out.iter_mut().zip(zps.iter().zip(scales)).enumerate() {
             let row = &p[r * stride..r * stride + n.div_ceil(2)];
+            let ahead = row_ahead(p.as_ptr(), p.len(), stride, r, row.len());
             // SAFETY: forwarded from this function's contract.
-            *o = unsafe { dot_i4(row, zp, s, xs) };
+            *o = unsafe { dot_i4(row, zp, s, xs, ahead) };
         }
     }
 
