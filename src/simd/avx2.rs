@@ -72,6 +72,59 @@ unsafe fn affine4(v: __m256d, a: &AffineLanes) -> __m128i {
     }
 }
 
+/// The f32 shortcut's lanes (see [`Affine::f32_shortcut`]), when it applies.
+struct FastLanes {
+    inv: __m256,
+    zp: __m256,
+    lim: __m256,
+    margin: __m256,
+    qmin: __m256,
+    qmax: __m256,
+}
+
+impl FastLanes {
+    #[inline(always)]
+    unsafe fn new(a: Affine) -> Option<Self> {
+        let (inv, zp) = a.f32_shortcut()?;
+        // SAFETY: the caller runs with AVX2.
+        unsafe {
+            Some(FastLanes {
+                inv: _mm256_set1_ps(inv),
+                zp: _mm256_set1_ps(zp),
+                lim: _mm256_set1_ps(F32_FAST_LIMIT),
+                margin: _mm256_set1_ps(F32_FAST_MARGIN),
+                qmin: _mm256_set1_ps(a.qmin as f32),
+                qmax: _mm256_set1_ps(a.qmax as f32),
+            })
+        }
+    }
+}
+
+/// Affine codes of 8 f32 lanes as i32 lanes, exactly as `scalar::affine_one`:
+/// the f32 shortcut where it is provably exact (`kernels::F32_FAST_LIMIT`),
+/// else the f64 form.
+#[inline(always)]
+unsafe fn affine8_f32(v: __m256, l: &AffineLanes, fast: Option<&FastLanes>) -> __m256i {
+    // SAFETY: the caller runs with AVX2.
+    unsafe {
+        if let Some(f) = fast {
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            let m = _mm256_mul_ps(v, f.inv);
+            let y = _mm256_add_ps(m, f.zp);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+            let near_tie =
+                _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(_mm256_sub_ps(y, r), abs), f.margin);
+            let large = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(m, abs), f.lim);
+            if _mm256_movemask_ps(_mm256_or_ps(near_tie, large)) == 0 {
+                return _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, f.qmin), f.qmax));
+            }
+        }
+        let lo = affine4(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), l);
+        let hi = affine4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)), l);
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
 /// 8 i32 codes (two halves of 4) to 8 bytes, stored at `out`.
 #[inline(always)]
 unsafe fn store8(lo: __m128i, hi: __m128i, out: *mut i8) {
@@ -1010,6 +1063,52 @@ impl Kernels for Avx2 {
         }
         // SAFETY: the scalar kernels need no CPU features.
         unsafe { Scalar::affine_quantize_f32(xc.remainder(), a, oc.into_remainder(), store) };
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32(x: &[f32], a: Affine, out: &mut [u8]) {
+        let n = (x.len() / 2).min(out.len());
+        let (x, out) = (&x[..2 * n], &mut out[..n]);
+        let mut xc = x.chunks_exact(32);
+        let mut oc = out.chunks_exact_mut(16);
+        // SAFETY: AVX2 per the Kernels contract; 32 floats read and 16 bytes
+        // written per full chunk. The saturating packs are exact (codes are
+        // within -8..=7), and so is packus (every 16-bit lane is at most 0xff).
+        unsafe {
+            let l = AffineLanes::new(a);
+            let fast = FastLanes::new(a);
+            let low = _mm256_set1_epi8(0x0f);
+            // (even & 15) + 16·(odd & 15) in each 16-bit lane.
+            let weights = _mm256_set1_epi16(0x1001);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                // (Calls, not a closure: closures do not inherit target features.)
+                let f = fast.as_ref();
+                let q = [
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr()), &l, f),
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(8)), &l, f),
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(16)), &l, f),
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(24)), &l, f),
+                ];
+                let w = _mm256_packs_epi16(
+                    _mm256_packs_epi32(q[0], q[1]),
+                    _mm256_packs_epi32(q[2], q[3]),
+                );
+                // packs interleaved the 128-bit lanes: codes 0..32 in order.
+                let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                let pairs = _mm256_maddubs_epi16(_mm256_and_si256(b, low), weights);
+                let p =
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
+                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(p));
+            }
+        }
+        let rest = xc.remainder();
+        let mut codes = [0i8; 32];
+        let codes = &mut codes[..rest.len()];
+        // SAFETY: AVX2 per the Kernels contract (this tier's own kernels).
+        unsafe {
+            Self::affine_quantize_f32(rest, a, codes, Store::Cached);
+            Self::pack_int4(codes, oc.into_remainder());
+        }
     }
 
     #[inline(always)]

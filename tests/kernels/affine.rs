@@ -172,6 +172,13 @@ fn primitives_match_scalar_on_every_isa() {
                 simd::affine_quantize_f32(isa, &xf, a, &mut p, Store::Cached);
                 simd::affine_quantize_f32(Isa::Scalar, &xf, a, &mut q, Store::Cached);
                 assert_eq!(p, q, "f32 {isa:?} n {n} {a:?}");
+                if a.qmin >= -8.0 && a.qmax <= 7.0 {
+                    // int4 maps (asymmetric, clamping, extreme) packed from registers.
+                    let (mut packed, mut want) = (vec![0x55u8; n / 2 + 1], vec![0x55u8; n / 2 + 1]);
+                    simd::affine_quantize_int4_f32(isa, &xf, a, &mut packed);
+                    simd::pack_int4(Isa::Scalar, &q, &mut want[..n / 2]);
+                    assert_eq!(packed, want, "int4 packed {isa:?} n {n} {a:?}");
+                }
                 // With the tightest bound, checks it proves idle are dropped.
                 let tight = Affine {
                     max_abs: xf.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs())),
