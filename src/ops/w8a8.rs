@@ -14,7 +14,8 @@
 //! Work is split by output rows across the pool; a batch is tiled so each
 //! panel of weight rows is read from memory once for a block of tokens that
 //! stays in cache. From [`crate::simd::PACKED_MIN_TOKENS`] tokens on, AVX-512
-//! VNNI packs each block of tokens once and rescales in the kernel
+//! VNNI (bytes, `vpdpbusd`) and AVX2 (i16 pairs, `vpmaddwd`) pack each block
+//! of tokens once, run outer products over it and rescale in the kernel
 //! ([`crate::simd::i8_products`]). Results do not depend on the split or the
 //! path: every one is the exact sum, rescaled the same way.
 //!
