@@ -267,11 +267,17 @@ unsafe fn widen8<T: Copy>(x: &[T], out: &mut [f32], cvt: impl Fn(__m128i) -> __m
 /// lanes), lanes widened to i64 after every `DOT_CHUNK`, the `k % 16` tail
 /// in scalar.
 #[inline(always)]
-unsafe fn dots_rows<const R: usize>(w: &[i8], a: &[i8], k: usize) -> [i64; R] {
+unsafe fn dots_rows<const R: usize>(
+    w: &[i8],
+    a: &[i8],
+    k: usize,
+    ahead: Option<*const i8>,
+) -> [i64; R] {
     let mut total = [0i64; R];
     let body = k - k % 16;
     // SAFETY: AVX2 per the Kernels contract; every load reads 16 bytes at
-    // `i < body <= k` of a row of `w` (R rows of k) or of `a` (k bytes).
+    // `i < body <= k` of a row of `w` (R rows of k) or of `a` (k bytes);
+    // prefetches (of the caller's rows `ahead`, R rows of k) never fault.
     unsafe {
         let mut start = 0;
         while start < body {
@@ -279,6 +285,11 @@ unsafe fn dots_rows<const R: usize>(w: &[i8], a: &[i8], k: usize) -> [i64; R] {
             let mut acc = [_mm256_setzero_si256(); R];
             let mut i = start;
             while i < end {
+                if let (Some(p), 0) = (ahead, i % 64) {
+                    for r in 0..R {
+                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(r * k + i).cast());
+                    }
+                }
                 let av = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.as_ptr().add(i).cast()));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let p = w.as_ptr().add(r * k + i);
@@ -762,8 +773,10 @@ impl Kernels for Avx2 {
         for (t, at) in a.chunks_exact(k).enumerate() {
             let mut r = 0;
             while r + 4 <= rows {
+                // The rows about 32 KiB on (of `w`, which may run past `rows`).
+                let ahead = row_ahead(w.as_ptr(), w.len(), k, r, 4 * k);
                 // SAFETY: forwarded from this function's contract.
-                let d = unsafe { dots_rows::<4>(&w[r * k..(r + 4) * k], at, k) };
+                let d = unsafe { dots_rows::<4>(&w[r * k..(r + 4) * k], at, k, ahead) };
                 for (j, v) in d.into_iter().enumerate() {
                     out[(r + j) * tokens + t] = v;
                 }
@@ -771,7 +784,7 @@ impl Kernels for Avx2 {
             }
             while r < rows {
                 // SAFETY: as above.
-                let d = unsafe { dots_rows::<1>(&w[r * k..(r + 1) * k], at, k) };
+                let d = unsafe { dots_rows::<1>(&w[r * k..(r + 1) * k], at, k, None) };
                 out[r * tokens + t] = d[0];
                 r += 1;
             }
