@@ -174,6 +174,9 @@ def test_errors_name_the_argument():
             with pytest.raises(fq.NonFiniteError) as e:
                 fn(x, mode)
             assert e.value.index == 13
+            # The message names the function's own parameter.
+            arg = "x2d" if fn is fq.dynamic_quantize_int8_per_row else "x"
+            assert str(e.value).startswith(f"{arg} holds a non-finite value")
     with pytest.raises(fq.NonFiniteError):
         fq.compute_scale(np.array([1, np.inf], np.float32), 127.0)
     # float64 values beyond float32's range are non-finite in the working precision.

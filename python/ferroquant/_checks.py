@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple, Type
 import ml_dtypes
 import numpy as np
 
-from .errors import InvalidConfigError, ShapeMismatchError
+from .errors import InvalidConfigError, NonFiniteError, QuantizationError, ShapeMismatchError
 
 _MAX_INT = 2**63 - 1
 
@@ -223,3 +223,13 @@ def warn(message: str, category: Type[Warning]) -> None:
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def renamed(e: QuantizationError, old: str, new: str) -> QuantizationError:
+    """The same error with the argument it names changed (``x`` -> ``weight``)."""
+    text = str(e)
+    if text.startswith(old + " "):
+        text = new + text[len(old) :]
+    if isinstance(e, NonFiniteError):
+        return NonFiniteError(text, e.index)
+    return type(e)(text)

@@ -26,6 +26,7 @@ from ._checks import (
     is_float_dtype,
     kernel_layout,
     readonly,
+    renamed,
     shape_tuple,
     source_dtype,
 )
@@ -163,16 +164,6 @@ def _finite_f32(arr: np.ndarray, arg: str) -> np.ndarray:
             f"{arg} holds a non-finite value (NaN or ±inf) at flat index {index}", index
         )
     return f
-
-
-def _renamed(e: QuantizationError, old: str, new: str) -> QuantizationError:
-    """The same error with the argument it names changed (``x`` -> ``weight``)."""
-    text = str(e)
-    if text.startswith(old + " "):
-        text = new + text[len(old) :]
-    if isinstance(e, NonFiniteError):
-        return NonFiniteError(text, e.index)
-    return type(e)(text)
 
 
 def _groups(shape: Tuple[int, ...], config: QuantConfig) -> int:
@@ -408,7 +399,7 @@ class QuantizedLinear:
         try:
             weight_q = quantize(w, config)
         except QuantizationError as e:
-            raise _renamed(e, "x", "weight") from None
+            raise renamed(e, "x", "weight") from None
         return cls(weight_q, bias)
 
     @property
@@ -515,7 +506,7 @@ def quantize_named_parameters(
             try:
                 out[name] = quantize(value, config)
             except QuantizationError as e:
-                raise _renamed(e, "x", f"params[{name!r}]") from None
+                raise renamed(e, "x", f"params[{name!r}]") from None
     return out
 
 

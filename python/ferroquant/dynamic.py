@@ -17,7 +17,16 @@ import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio, unpack_int4
-from ._checks import describe, float_input, held, is_array_of, readonly, shape_tuple, warn
+from ._checks import (
+    describe,
+    float_input,
+    held,
+    is_array_of,
+    readonly,
+    renamed,
+    shape_tuple,
+    warn,
+)
 from .errors import InvalidConfigError, NonFiniteError, PrecisionWarning, ShapeMismatchError
 
 __all__ = [
@@ -230,7 +239,12 @@ def _quantize(x: Any, fmt: str, mode: Any, arg: str = "x") -> DynQuantTensor:
     arr = float_input(x, arg)
     if fmt == "int8_per_row" and arr.ndim != 2:
         raise ShapeMismatchError(f"x2d must be a 2-D array, got {arr.ndim}-D shape {arr.shape}")
-    data, scales = _native.quantize_dynamic(arr, fmt, p)
+    try:
+        data, scales = _native.quantize_dynamic(arr, fmt, p)
+    except NonFiniteError as e:
+        if arg == "x":
+            raise
+        raise renamed(e, "x", arg) from None
     return DynQuantTensor._trusted(
         data=readonly(data), scales=readonly(scales), shape=arr.shape, format=fmt
     )
