@@ -1075,8 +1075,8 @@ impl Kernels for Avx2 {
         // SAFETY: AVX2 per the Kernels contract; loads read full chunks of `x`.
         let (min, max, bad) = unsafe {
             let (mut lo, mut hi) = (
-                _mm256_set1_pd(f64::INFINITY),
-                _mm256_set1_pd(f64::NEG_INFINITY),
+                _mm256_set1_ps(f32::INFINITY),
+                _mm256_set1_ps(f32::NEG_INFINITY),
             );
             let mut bad = _mm256_setzero_ps();
             for c in &mut xc {
@@ -1086,13 +1086,23 @@ impl Kernels for Avx2 {
                     bad,
                     _mm256_cmp_ps::<_CMP_NEQ_UQ>(_mm256_sub_ps(v, v), _mm256_setzero_ps()),
                 );
-                // min/max in f64 lanes: exact for f32 values.
-                let a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
-                let b = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v));
-                lo = _mm256_min_pd(lo, _mm256_min_pd(a, b));
-                hi = _mm256_max_pd(hi, _mm256_max_pd(a, b));
+                // min/max in f32 lanes, exact. With `v` first a NaN `v` leaves
+                // the lane as it was (vminps returns its second operand when
+                // either is NaN): NaN is skipped, as the scalar's `<` skips
+                // it. Of ±0 either may stay; they compare equal.
+                lo = _mm256_min_ps(v, lo);
+                hi = _mm256_max_ps(v, hi);
             }
-            let (min, max) = reduce_pd(lo, hi);
+            let (min, max) = reduce_pd(
+                _mm256_min_pd(
+                    _mm256_cvtps_pd(_mm256_castps256_ps128(lo)),
+                    _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(lo)),
+                ),
+                _mm256_max_pd(
+                    _mm256_cvtps_pd(_mm256_castps256_ps128(hi)),
+                    _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(hi)),
+                ),
+            );
             (min as f32, max as f32, _mm256_movemask_ps(bad) != 0)
         };
         let body = Range {
@@ -1137,63 +1147,82 @@ impl Kernels for Avx2 {
 
     #[inline(always)]
     unsafe fn affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::affine_quantize_f32_ahead(x, a, out, store, &[]) }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_f32_ahead(
+        x: &[f32],
+        a: Affine,
+        out: &mut [i8],
+        store: Store,
+        ahead: &[f32],
+    ) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
-        let mut xc = x.chunks_exact(8);
-        let mut oc = out.chunks_exact_mut(8);
-        // SAFETY: AVX2 per the Kernels contract; 8 floats read and 8 bytes
-        // written per full chunk.
+        let mut ahead = ahead.chunks(16);
+        let mut xc = x.chunks_exact(32);
+        let mut oc = out.chunks_exact_mut(32);
+        // SAFETY: AVX2 per the Kernels contract; 32 floats read and 32 bytes
+        // written per full chunk. The saturating packs are exact: codes are
+        // already within i8. Prefetches only name addresses inside `ahead`
+        // (two lines for every 32 values coded: the same rate).
         unsafe {
             let l = AffineLanes::new(a);
-            let shortcut = a.f32_shortcut();
-            let (inv, zp) = shortcut.unwrap_or((0.0, 0.0));
-            let (inv, zp) = (_mm256_set1_ps(inv), _mm256_set1_ps(zp));
-            let (lim, margin) = (
-                _mm256_set1_ps(F32_FAST_LIMIT),
-                _mm256_set1_ps(F32_FAST_MARGIN),
-            );
-            let (qmin, qmax) = (_mm256_set1_ps(a.qmin as f32), _mm256_set1_ps(a.qmax as f32));
-            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            let fast = FastLanes::new(a);
+            let f = fast.as_ref();
             for (c, o) in (&mut xc).zip(&mut oc) {
-                let v = _mm256_loadu_ps(c.as_ptr());
-                if shortcut.is_some() {
-                    // The f32 shortcut where provably exact (kernels::F32_FAST_LIMIT).
-                    let m = _mm256_mul_ps(v, inv);
-                    let y = _mm256_add_ps(m, zp);
-                    let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
-                    let near_tie = _mm256_cmp_ps::<_CMP_GT_OQ>(
-                        _mm256_and_ps(_mm256_sub_ps(y, r), abs),
-                        margin,
-                    );
-                    let large = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(m, abs), lim);
-                    if _mm256_movemask_ps(_mm256_or_ps(near_tie, large)) == 0 {
-                        let q = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, qmin), qmax));
-                        store8(
-                            _mm256_castsi256_si128(q),
-                            _mm256_extracti128_si256::<1>(q),
-                            o.as_mut_ptr(),
-                        );
-                        continue;
-                    }
+                for line in (&mut ahead).take(2) {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
                 }
-                let lo = affine4(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), &l);
-                let hi = affine4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)), &l);
-                store8(lo, hi, o.as_mut_ptr());
+                let q = [
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr()), &l, f),
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(8)), &l, f),
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(16)), &l, f),
+                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(24)), &l, f),
+                ];
+                let w = _mm256_packs_epi16(
+                    _mm256_packs_epi32(q[0], q[1]),
+                    _mm256_packs_epi32(q[2], q[3]),
+                );
+                // packs interleaved the 128-bit lanes: codes 0..32 in order.
+                let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
             }
+            let (x, out) = (xc.remainder(), oc.into_remainder());
+            let mut xc = x.chunks_exact(8);
+            let mut oc = out.chunks_exact_mut(8);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let q = affine8_f32(_mm256_loadu_ps(c.as_ptr()), &l, f);
+                store8(
+                    _mm256_castsi256_si128(q),
+                    _mm256_extracti128_si256::<1>(q),
+                    o.as_mut_ptr(),
+                );
+            }
+            // SAFETY: the scalar kernels need no CPU features.
+            Scalar::affine_quantize_f32(xc.remainder(), a, oc.into_remainder(), store);
         }
-        // SAFETY: the scalar kernels need no CPU features.
-        unsafe { Scalar::affine_quantize_f32(xc.remainder(), a, oc.into_remainder(), store) };
     }
 
     #[inline(always)]
     unsafe fn affine_quantize_int4_f32(x: &[f32], a: Affine, out: &mut [u8]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::affine_quantize_int4_f32_ahead(x, a, out, &[]) }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32_ahead(x: &[f32], a: Affine, out: &mut [u8], ahead: &[f32]) {
         let n = (x.len() / 2).min(out.len());
         let (x, out) = (&x[..2 * n], &mut out[..n]);
+        let mut ahead = ahead.chunks(16);
         let mut xc = x.chunks_exact(32);
         let mut oc = out.chunks_exact_mut(16);
         // SAFETY: AVX2 per the Kernels contract; 32 floats read and 16 bytes
         // written per full chunk. The saturating packs are exact (codes are
         // within -8..=7), and so is packus (every 16-bit lane is at most 0xff).
+        // Prefetches only name addresses inside `ahead`.
         unsafe {
             let l = AffineLanes::new(a);
             let fast = FastLanes::new(a);
@@ -1201,6 +1230,9 @@ impl Kernels for Avx2 {
             // (even & 15) + 16·(odd & 15) in each 16-bit lane.
             let weights = _mm256_set1_epi16(0x1001);
             for (c, o) in (&mut xc).zip(&mut oc) {
+                for line in (&mut ahead).take(2) {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                }
                 // (Calls, not a closure: closures do not inherit target features.)
                 let f = fast.as_ref();
                 let q = [
