@@ -1130,8 +1130,9 @@ impl Kernels for Avx2 {
                     bad,
                     _mm256_cmp_pd::<_CMP_NEQ_UQ>(_mm256_sub_pd(v, v), _mm256_setzero_pd()),
                 );
-                lo = _mm256_min_pd(lo, v);
-                hi = _mm256_max_pd(hi, v);
+                // The value first: a NaN leaves the lane as it was (see range_f32).
+                lo = _mm256_min_pd(v, lo);
+                hi = _mm256_max_pd(v, hi);
             }
             let (min, max) = reduce_pd(lo, hi);
             (min, max, _mm256_movemask_pd(bad) != 0)

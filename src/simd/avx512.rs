@@ -1726,30 +1726,33 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
             let abs = _mm512_set1_epi32(0x7fff_ffff);
             let (mut b0, mut b1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             // Two independent sets of accumulators keep more loads in flight.
+            // The value goes first: vminps/vmaxps return their second operand
+            // when either is NaN, so a NaN leaves the lane as it was (the
+            // scalar's `<` and `>` skip it too).
             let mut pairs = x.chunks_exact(32);
             for c in &mut pairs {
                 let v0 = _mm512_loadu_ps(c.as_ptr());
                 let v1 = _mm512_loadu_ps(c.as_ptr().add(16));
-                lo0 = _mm512_min_ps(lo0, v0);
-                hi0 = _mm512_max_ps(hi0, v0);
-                lo1 = _mm512_min_ps(lo1, v1);
-                hi1 = _mm512_max_ps(hi1, v1);
+                lo0 = _mm512_min_ps(v0, lo0);
+                hi0 = _mm512_max_ps(v0, hi0);
+                lo1 = _mm512_min_ps(v1, lo1);
+                hi1 = _mm512_max_ps(v1, hi1);
                 b0 = _mm512_max_epu32(b0, _mm512_and_si512(_mm512_castps_si512(v0), abs));
                 b1 = _mm512_max_epu32(b1, _mm512_and_si512(_mm512_castps_si512(v1), abs));
             }
             let mut rest = pairs.remainder();
             if rest.len() >= 16 {
                 let v = _mm512_loadu_ps(rest.as_ptr());
-                lo0 = _mm512_min_ps(lo0, v);
-                hi0 = _mm512_max_ps(hi0, v);
+                lo0 = _mm512_min_ps(v, lo0);
+                hi0 = _mm512_max_ps(v, hi0);
                 b0 = _mm512_max_epu32(b0, _mm512_and_si512(_mm512_castps_si512(v), abs));
                 rest = &rest[16..];
             }
             if !rest.is_empty() {
                 let k = tail_mask(rest.len());
                 let v = _mm512_maskz_loadu_ps(k, rest.as_ptr());
-                lo1 = _mm512_mask_min_ps(lo1, k, lo1, v);
-                hi1 = _mm512_mask_max_ps(hi1, k, hi1, v);
+                lo1 = _mm512_mask_min_ps(lo1, k, v, lo1);
+                hi1 = _mm512_mask_max_ps(hi1, k, v, hi1);
                 b1 = _mm512_max_epu32(b1, _mm512_and_si512(_mm512_castps_si512(v), abs));
             }
             Range {
@@ -1774,16 +1777,16 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
             let mut xc = x.chunks_exact(8);
             for c in &mut xc {
                 let v = _mm512_loadu_pd(c.as_ptr());
-                lo = _mm512_min_pd(lo, v);
-                hi = _mm512_max_pd(hi, v);
+                lo = _mm512_min_pd(v, lo);
+                hi = _mm512_max_pd(v, hi);
                 bits = _mm512_max_epu64(bits, _mm512_and_si512(_mm512_castpd_si512(v), abs));
             }
             let rest = xc.remainder();
             if !rest.is_empty() {
                 let k = ((1u32 << rest.len()) - 1) as __mmask8;
                 let v = _mm512_maskz_loadu_pd(k, rest.as_ptr());
-                lo = _mm512_mask_min_pd(lo, k, lo, v);
-                hi = _mm512_mask_max_pd(hi, k, hi, v);
+                lo = _mm512_mask_min_pd(lo, k, v, lo);
+                hi = _mm512_mask_max_pd(hi, k, v, hi);
                 bits = _mm512_max_epu64(bits, _mm512_and_si512(_mm512_castpd_si512(v), abs));
             }
             Range {

@@ -488,3 +488,38 @@ fn the_reported_non_finite_index_does_not_depend_on_the_thread_count() {
         }
     }
 }
+
+/// The range primitives with NaN and infinities among the values: the flag on
+/// every tier, and the min and max of the other values as the scalar's `<`
+/// and `>` find them (a NaN is skipped, wherever it falls in a vector).
+#[test]
+fn ranges_skip_nan_as_the_scalar_does() {
+    for isa in Isa::supported() {
+        for n in (1..70).chain([127, 1000]) {
+            for (pos, bad) in [
+                (0usize, f64::NAN),
+                (n / 2, f64::NAN),
+                (n - 1, f64::NAN),
+                (n / 3, f64::INFINITY),
+            ] {
+                let mut x = adversarial_f64(n, 5 + n as u64);
+                x[pos] = bad;
+                let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                let (a, b) = (simd::range_f32(isa, &xf), simd::range_f32(Isa::Scalar, &xf));
+                assert!(a.non_finite && b.non_finite, "{isa:?} n {n}");
+                assert_eq!(
+                    (a.min, a.max),
+                    (b.min, b.max),
+                    "f32 {isa:?} n {n} pos {pos}"
+                );
+                let (a, b) = (simd::range_f64(isa, &x), simd::range_f64(Isa::Scalar, &x));
+                assert!(a.non_finite && b.non_finite, "{isa:?} n {n}");
+                assert_eq!(
+                    (a.min, a.max),
+                    (b.min, b.max),
+                    "f64 {isa:?} n {n} pos {pos}"
+                );
+            }
+        }
+    }
+}
