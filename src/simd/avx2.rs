@@ -147,6 +147,10 @@ unsafe fn affine4(v: __m256d, a: &AffineLanes) -> __m128i {
 
 /// The f32 shortcut's lanes (see [`Affine::f32_shortcut`]), when it applies.
 struct FastLanes {
+    /// Whether the range check can fire (`!Affine::f32_in_range`).
+    range: bool,
+    /// Whether a code can leave `[qmin, qmax]` (`!Affine::f32_within_codes`).
+    clamp: bool,
     inv: __m256,
     zp: __m256,
     lim: __m256,
@@ -162,6 +166,8 @@ impl FastLanes {
         // SAFETY: the caller runs with AVX2.
         unsafe {
             Some(FastLanes {
+                range: !a.f32_in_range(),
+                clamp: !a.f32_within_codes(),
                 inv: _mm256_set1_ps(inv),
                 zp: _mm256_set1_ps(zp),
                 lim: _mm256_set1_ps(F32_FAST_LIMIT),
@@ -177,7 +183,16 @@ impl FastLanes {
 /// the f32 shortcut where it is provably exact (`kernels::F32_FAST_LIMIT`),
 /// else the f64 form.
 #[inline(always)]
-unsafe fn affine8_f32(v: __m256, l: &AffineLanes, fast: Option<&FastLanes>) -> __m256i {
+///
+/// `RANGE = false` / `CLAMP = false` leave out the range check / the clamp
+/// where the map's bound proves them idle (`Affine::f32_in_range`,
+/// `Affine::f32_within_codes`; `FastLanes` says which); with no shortcut
+/// they do not matter.
+unsafe fn affine8_f32<const RANGE: bool, const CLAMP: bool>(
+    v: __m256,
+    l: &AffineLanes,
+    fast: Option<&FastLanes>,
+) -> __m256i {
     // SAFETY: the caller runs with AVX2.
     unsafe {
         if let Some(f) = fast {
@@ -185,16 +200,109 @@ unsafe fn affine8_f32(v: __m256, l: &AffineLanes, fast: Option<&FastLanes>) -> _
             let m = _mm256_mul_ps(v, f.inv);
             let y = _mm256_add_ps(m, f.zp);
             let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
-            let near_tie =
+            let mut flag =
                 _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(_mm256_sub_ps(y, r), abs), f.margin);
-            let large = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(m, abs), f.lim);
-            if _mm256_movemask_ps(_mm256_or_ps(near_tie, large)) == 0 {
-                return _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, f.qmin), f.qmax));
+            if RANGE {
+                let large = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(m, abs), f.lim);
+                flag = _mm256_or_ps(flag, large);
+            }
+            if _mm256_movemask_ps(flag) == 0 {
+                let r = if CLAMP {
+                    _mm256_min_ps(_mm256_max_ps(r, f.qmin), f.qmax)
+                } else {
+                    r
+                };
+                return _mm256_cvttps_epi32(r);
             }
         }
         let lo = affine4(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), l);
         let hi = affine4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)), l);
         _mm256_set_m128i(hi, lo)
+    }
+}
+
+/// The codes of the 32 floats at `x` as four vectors of i32 lanes.
+#[inline(always)]
+unsafe fn codes32<const RANGE: bool, const CLAMP: bool>(
+    x: *const f32,
+    l: &AffineLanes,
+    f: Option<&FastLanes>,
+) -> [__m256i; 4] {
+    // SAFETY: the caller guarantees 32 readable floats at `x` and AVX2.
+    unsafe {
+        [
+            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x), l, f),
+            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x.add(8)), l, f),
+            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x.add(16)), l, f),
+            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x.add(24)), l, f),
+        ]
+    }
+}
+
+/// The full 32-value chunks of an affine int8 run: codes narrowed in
+/// registers and stored 32 at a time, two lines of `ahead` prefetched a chunk.
+#[inline(always)]
+unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
+    xc: &mut std::slice::ChunksExact<'_, f32>,
+    oc: &mut std::slice::ChunksExactMut<'_, i8>,
+    l: &AffineLanes,
+    f: Option<&FastLanes>,
+    ahead: &mut std::slice::Chunks<'_, f32>,
+) {
+    // SAFETY: AVX2 per the caller; 32 floats read and 32 bytes written per
+    // chunk (the iterators' own); the saturating packs are exact (codes are
+    // within i8); prefetches only name addresses inside `ahead`.
+    unsafe {
+        for (c, o) in xc.zip(oc) {
+            for line in ahead.take(2) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let q = codes32::<RANGE, CLAMP>(c.as_ptr(), l, f);
+            let w = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            // packs interleaved the 128-bit lanes: codes 0..32 in order.
+            let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
+        }
+    }
+}
+
+/// The full 32-value chunks of an affine int4 run: codes narrowed in
+/// registers, paired into bytes by `maddubs` and stored 16 bytes at a time,
+/// two lines of `ahead` prefetched a chunk.
+#[inline(always)]
+unsafe fn int4_32_run<const RANGE: bool, const CLAMP: bool>(
+    xc: &mut std::slice::ChunksExact<'_, f32>,
+    oc: &mut std::slice::ChunksExactMut<'_, u8>,
+    l: &AffineLanes,
+    f: Option<&FastLanes>,
+    ahead: &mut std::slice::Chunks<'_, f32>,
+) {
+    // SAFETY: AVX2 per the caller; 32 floats read and 16 bytes written per
+    // chunk (the iterators' own). The saturating packs are exact (codes are
+    // within -8..=7), and so is packus (every 16-bit lane is at most 0xff).
+    // Prefetches only name addresses inside `ahead`.
+    unsafe {
+        let low = _mm256_set1_epi8(0x0f);
+        // (even & 15) + 16·(odd & 15) in each 16-bit lane.
+        let weights = _mm256_set1_epi16(0x1001);
+        for (c, o) in xc.zip(oc) {
+            for line in ahead.take(2) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let q = codes32::<RANGE, CLAMP>(c.as_ptr(), l, f);
+            let w = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            // packs interleaved the 128-bit lanes: codes 0..32 in order.
+            let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let pairs = _mm256_maddubs_epi16(_mm256_and_si256(b, low), weights);
+            let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
+            _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(p));
+        }
     }
 }
 
@@ -1173,29 +1281,17 @@ impl Kernels for Avx2 {
             let l = AffineLanes::new(a);
             let fast = FastLanes::new(a);
             let f = fast.as_ref();
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                for line in (&mut ahead).take(2) {
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-                }
-                let q = [
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr()), &l, f),
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(8)), &l, f),
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(16)), &l, f),
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(24)), &l, f),
-                ];
-                let w = _mm256_packs_epi16(
-                    _mm256_packs_epi32(q[0], q[1]),
-                    _mm256_packs_epi32(q[2], q[3]),
-                );
-                // packs interleaved the 128-bit lanes: codes 0..32 in order.
-                let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
+            let (xs, os) = (&mut xc, &mut oc);
+            match f.map(|f| (f.range, f.clamp)) {
+                Some((false, false)) => affine32_run::<false, false>(xs, os, &l, f, &mut ahead),
+                Some((false, true)) => affine32_run::<false, true>(xs, os, &l, f, &mut ahead),
+                _ => affine32_run::<true, true>(xs, os, &l, f, &mut ahead),
             }
             let (x, out) = (xc.remainder(), oc.into_remainder());
             let mut xc = x.chunks_exact(8);
             let mut oc = out.chunks_exact_mut(8);
             for (c, o) in (&mut xc).zip(&mut oc) {
-                let q = affine8_f32(_mm256_loadu_ps(c.as_ptr()), &l, f);
+                let q = affine8_f32::<true, true>(_mm256_loadu_ps(c.as_ptr()), &l, f);
                 store8(
                     _mm256_castsi256_si128(q),
                     _mm256_extracti128_si256::<1>(q),
@@ -1227,31 +1323,12 @@ impl Kernels for Avx2 {
         unsafe {
             let l = AffineLanes::new(a);
             let fast = FastLanes::new(a);
-            let low = _mm256_set1_epi8(0x0f);
-            // (even & 15) + 16·(odd & 15) in each 16-bit lane.
-            let weights = _mm256_set1_epi16(0x1001);
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                for line in (&mut ahead).take(2) {
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-                }
-                // (Calls, not a closure: closures do not inherit target features.)
-                let f = fast.as_ref();
-                let q = [
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr()), &l, f),
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(8)), &l, f),
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(16)), &l, f),
-                    affine8_f32(_mm256_loadu_ps(c.as_ptr().add(24)), &l, f),
-                ];
-                let w = _mm256_packs_epi16(
-                    _mm256_packs_epi32(q[0], q[1]),
-                    _mm256_packs_epi32(q[2], q[3]),
-                );
-                // packs interleaved the 128-bit lanes: codes 0..32 in order.
-                let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                let pairs = _mm256_maddubs_epi16(_mm256_and_si256(b, low), weights);
-                let p =
-                    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
-                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(p));
+            let f = fast.as_ref();
+            let (xs, os) = (&mut xc, &mut oc);
+            match f.map(|f| (f.range, f.clamp)) {
+                Some((false, false)) => int4_32_run::<false, false>(xs, os, &l, f, &mut ahead),
+                Some((false, true)) => int4_32_run::<false, true>(xs, os, &l, f, &mut ahead),
+                _ => int4_32_run::<true, true>(xs, os, &l, f, &mut ahead),
             }
         }
         let rest = xc.remainder();
