@@ -34,33 +34,68 @@ unsafe fn quant8(v: __m256, s: __m256, clip: __m256) -> __m256i {
 /// [`quant8_fast`] (the bound of `avx512::round16_fast`).
 const NEAR_TIE: f32 = 1.0 / 8192.0;
 
-/// `round(v * r)` (nearest) as floats, with `r = 1/s` rounded, and the lanes
-/// where it may differ from `quant8`'s `round_half_away(v / s)`: as in
-/// `avx512::round16_fast`, `v * r` is within `|q|·(2^-23 + 2^-24)` of
-/// `fl(v / s)`, under 2^-14.4 while `|q| < 256`, so both round alike unless a
-/// half-integer lies that close, and those lanes are flagged (NaN too); where
-/// `|q| >= 256` both are 255 or more, which the clamp to ±clip maps alike.
-/// Lanes of `|v * r| >= 2^23` are integers: rounding leaves them, unflagged,
-/// and the float clamp takes them before any conversion.
+/// `round(v * r)` (nearest even, as MXCSR's default mode converts; kernels
+/// run in the default environment, see `fpenv`) as i32 lanes, with `r = 1/s`
+/// rounded, and the lanes where it may differ from `quant8`'s
+/// `round_half_away(v / s)`: as in `avx512::round16_fast`, `v * r` is within
+/// `|q|·(2^-23 + 2^-24)` of `fl(v / s)`, under 2^-14.4 while `|q| < 256`, so
+/// both round alike unless a half-integer lies that close, and those lanes
+/// are flagged; where `|q| >= 256` both are 255 or more, which the clamp to
+/// ±clip (and the i8 saturation) maps alike. A product out of i32's range
+/// converts to i32::MIN, which converts back to -2^31, far from it: flagged,
+/// as NaN is.
 #[inline(always)]
-unsafe fn quant8_fast(v: __m256, r: __m256) -> (__m256, __m256) {
+unsafe fn quant8_fast(v: __m256, r: __m256) -> (__m256i, __m256) {
     // SAFETY: the caller runs with AVX2 (the Kernels contract).
     unsafe {
         let y = _mm256_mul_ps(v, r);
-        let rn = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+        let q = _mm256_cvtps_epi32(y);
         let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-        let e = _mm256_and_ps(_mm256_sub_ps(y, rn), abs);
+        let e = _mm256_and_ps(_mm256_sub_ps(y, _mm256_cvtepi32_ps(q)), abs);
         (
-            rn,
+            q,
             _mm256_cmp_ps::<_CMP_NLE_UQ>(e, _mm256_set1_ps(0.5 - NEAR_TIE)),
         )
     }
 }
 
-/// 32 codes of the floats at `x` in order (`quant8` lane for lane): the
-/// reciprocal form where `fast` and no lane is near a tie, else division.
+/// The i8 bounds of `clamp(r, -clip, clip) as i8` for an integer `r`:
+/// `±floor(clip)`, saturated to i8 as `as` does.
 #[inline(always)]
-unsafe fn quant32(x: *const f32, s: __m256, r: __m256, fast: bool, clip: __m256) -> __m256i {
+unsafe fn clip_bytes(clip: f32) -> (__m256i, __m256i) {
+    let hi = clip.floor().min(127.0) as i8;
+    let lo = (-clip.floor()).max(-128.0) as i8;
+    // SAFETY: the caller runs with AVX2 (the Kernels contract).
+    unsafe { (_mm256_set1_epi8(lo), _mm256_set1_epi8(hi)) }
+}
+
+/// Four vectors of i32 codes as 32 saturated bytes in order.
+#[inline(always)]
+unsafe fn pack32(q: [__m256i; 4]) -> __m256i {
+    // SAFETY: the caller runs with AVX2.
+    unsafe {
+        let w = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        // packs interleaved the 128-bit lanes: codes 0..32 in order.
+        _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+}
+
+/// 32 codes of the floats at `x` in order (`quant8` lane for lane): the
+/// reciprocal form where `fast` and no lane is near a tie (narrowed with
+/// saturation, then clamped as bytes: saturation keeps order, so clamping
+/// the bytes equals clamping the integers), else division.
+#[inline(always)]
+unsafe fn quant32(
+    x: *const f32,
+    s: __m256,
+    r: __m256,
+    fast: bool,
+    clip: __m256,
+    bounds: (__m256i, __m256i),
+) -> __m256i {
     // SAFETY: the caller guarantees 32 readable floats at `x` and AVX2.
     unsafe {
         let v = [
@@ -69,37 +104,23 @@ unsafe fn quant32(x: *const f32, s: __m256, r: __m256, fast: bool, clip: __m256)
             _mm256_loadu_ps(x.add(16)),
             _mm256_loadu_ps(x.add(24)),
         ];
-        let q = 'q: {
-            if fast {
-                let (a, ka) = quant8_fast(v[0], r);
-                let (b, kb) = quant8_fast(v[1], r);
-                let (c, kc) = quant8_fast(v[2], r);
-                let (d, kd) = quant8_fast(v[3], r);
-                let k = _mm256_or_ps(_mm256_or_ps(ka, kb), _mm256_or_ps(kc, kd));
-                if _mm256_movemask_ps(k) == 0 {
-                    // (No closure: closures do not inherit target features.)
-                    let neg = _mm256_xor_ps(clip, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN)));
-                    break 'q [
-                        _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(a, neg), clip)),
-                        _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(b, neg), clip)),
-                        _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(c, neg), clip)),
-                        _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(d, neg), clip)),
-                    ];
-                }
+        if fast {
+            let (a, ka) = quant8_fast(v[0], r);
+            let (b, kb) = quant8_fast(v[1], r);
+            let (c, kc) = quant8_fast(v[2], r);
+            let (d, kd) = quant8_fast(v[3], r);
+            let k = _mm256_or_ps(_mm256_or_ps(ka, kb), _mm256_or_ps(kc, kd));
+            if _mm256_movemask_ps(k) == 0 {
+                let (lo, hi) = bounds;
+                return _mm256_min_epi8(_mm256_max_epi8(pack32([a, b, c, d]), lo), hi);
             }
-            [
-                quant8(v[0], s, clip),
-                quant8(v[1], s, clip),
-                quant8(v[2], s, clip),
-                quant8(v[3], s, clip),
-            ]
-        };
-        let w = _mm256_packs_epi16(
-            _mm256_packs_epi32(q[0], q[1]),
-            _mm256_packs_epi32(q[2], q[3]),
-        );
-        // packs interleaved the 128-bit lanes: codes 0..32 in order.
-        _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+        }
+        pack32([
+            quant8(v[0], s, clip),
+            quant8(v[1], s, clip),
+            quant8(v[2], s, clip),
+            quant8(v[3], s, clip),
+        ])
     }
 }
 
@@ -1062,6 +1083,7 @@ impl Kernels for Avx2 {
         // `ahead` (two lines for every 32 values coded: the same rate).
         unsafe {
             let (s, clipv) = (_mm256_set1_ps(scale), _mm256_set1_ps(clip));
+            let bounds = clip_bytes(clip);
             // The reciprocal form needs a normal scale and reciprocal.
             let recip = 1.0 / scale;
             let fast = scale.is_normal() && recip.is_normal();
@@ -1070,7 +1092,7 @@ impl Kernels for Avx2 {
                 for line in (&mut ahead).take(2) {
                     _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
                 }
-                let q = quant32(c.as_ptr(), s, r, fast, clipv);
+                let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
                 _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
             }
         }
