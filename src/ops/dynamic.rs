@@ -248,8 +248,9 @@ const SAMPLE_EVERY: usize = 64;
 /// threshold. If the value of rank `rank` is among them (the `n - kept`
 /// others are all smaller) it is selected there: exact, whatever the sample
 /// said. `Ok(None)` when the threshold would keep more than an eighth of the
-/// values, or the kept ones did not reach the rank: the caller takes the
-/// two-pass path. `bits` holds at most a quarter of the values.
+/// values, the kept ones outgrow twice the sample's estimate (or a quarter of
+/// the values), or did not reach the rank: the caller takes the two-pass
+/// path. `bits` never grows past what was reserved up front.
 fn percentile_in_one_pass<T: Float>(
     isa: Isa,
     x: &[T],
@@ -284,17 +285,27 @@ fn percentile_in_one_pass<T: Float>(
         return Ok(None);
     }
     let threshold = (bin as u32) << BIN_SHIFT;
-    let cap = n / 4;
+    // Room for twice the values the sample expects above the threshold (at
+    // most a quarter of them all), reserved up front: an allocation that
+    // fails sends the call to the two-pass path, and the pass stops keeping
+    // values before `bits` would have to grow (a stage adds at most STAGE,
+    // and `select_at_least` asks for 2048 more than it writes).
+    const HEADROOM: usize = STAGE + 2048 + 64;
+    let expected = (count as u128 * n as u128 / m as u128) as usize;
+    let room = expected.saturating_mul(2).min(n / 4) + HEADROOM;
     bits.clear();
+    if bits.try_reserve(room).is_err() {
+        return Ok(None);
+    }
     let mut full = false;
     for_each_stage(isa, x, stage, |off, xs| {
         for (k, s) in xs.chunks(STAGE).enumerate() {
             if simd::absmax_bits(isa, s) >= F32_INF_BITS {
                 return Err(off + k * STAGE + simd::scalar::first_non_finite(s));
             }
+            full = full || bits.capacity() - bits.len() < HEADROOM;
             if !full {
                 simd::select_at_least(isa, s, threshold, bits);
-                full = bits.len() > cap;
             }
         }
         Ok(())
