@@ -185,7 +185,7 @@ pub fn linear_forward_with(
     let rows = if panels {
         // Whole panels, two tasks a thread: each reuses one panel buffer.
         let threads = parallel::get_num_threads().max(1);
-        let per = panel_rows(in_f, out_f);
+        let per = panel_rows(in_f, out_f, tokens);
         out_f.div_ceil(2 * threads).div_ceil(per).max(1) * per
     } else {
         // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
@@ -220,11 +220,14 @@ pub fn linear_forward_with(
     Ok(())
 }
 
-/// Rows in one dequantized panel: about [`PANEL_BYTES`] of f32, and at most
-/// a quarter of the `out_f` rows (a panel stays far smaller than the f32
-/// weight the layer never builds).
-fn panel_rows(in_f: usize, out_f: usize) -> usize {
+/// Rows in one dequantized panel: about [`PANEL_BYTES`] of f32, at most a
+/// quarter of the `out_f` rows (a panel stays far smaller than the f32
+/// weight the layer never builds), and few enough that the panel's products
+/// for every token (`tokens` × rows of f32) fit in [`PANEL_BYTES`] too, so
+/// the scratch stays bounded however many tokens come.
+fn panel_rows(in_f: usize, out_f: usize, tokens: usize) -> usize {
     (PANEL_BYTES / (4 * in_f.max(1)))
+        .min(PANEL_BYTES / (4 * tokens.max(1)))
         .min(out_f.div_ceil(4))
         .clamp(1, 4096)
 }
@@ -420,7 +423,7 @@ impl Job<'_> {
     fn rows_gemm(&self, r0: usize, r1: usize) -> Vec<f32> {
         let [out_f, in_f] = self.w.shape;
         let tokens = self.tokens;
-        let per_panel = panel_rows(in_f, out_f).min(r1 - r0);
+        let per_panel = panel_rows(in_f, out_f, tokens).min(r1 - r0);
         let mut panel = vec![0f32; per_panel * in_f];
         let mut by_token = vec![0f32; tokens * per_panel];
         let mut unpacked = match self.w.codes {
