@@ -157,12 +157,16 @@ pub(crate) fn abs_histogram<T: Float>(
     stage: &mut Vec<f32>,
 ) -> std::result::Result<Vec<u64>, usize> {
     let mut hist = vec![0u64; 1 << 16];
-    finite_stages(isa, x, stage, |xs, _| {
-        for v in xs {
-            hist[((v.to_bits() & 0x7fff_ffff) >> BIN_SHIFT) as usize] += 1;
-        }
-    })?;
+    finite_stages(isa, x, stage, |xs, _| count_bins(&mut hist, xs))?;
     Ok(hist)
+}
+
+/// Add each |x| of `xs` to its bin of [`abs_histogram`]'s table (u64
+/// counts; the percentile's sample counts in u32, half the table).
+fn count_bins<C: std::ops::AddAssign + From<u8>>(hist: &mut [C], xs: &[f32]) {
+    for v in xs {
+        hist[((v.to_bits() & 0x7fff_ffff) >> BIN_SHIFT) as usize] += C::from(1);
+    }
 }
 
 /// A group's statistic (max |x| or the percentile of |x|), or the group index
@@ -265,9 +269,7 @@ fn percentile_in_one_pass<T: Float>(
     for xs in x.chunks(STAGE).step_by(SAMPLE_EVERY) {
         // Non-finite values only land in the top bins; the main pass reports them.
         let _ = for_each_stage(isa, xs, stage, |_, s| {
-            for v in s {
-                hist[((v.to_bits() & 0x7fff_ffff) >> BIN_SHIFT) as usize] += 1;
-            }
+            count_bins(&mut hist, s);
             Ok(())
         });
         m += xs.len() as u64;

@@ -278,13 +278,7 @@ unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
             for line in ahead.take(2) {
                 _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
             }
-            let q = codes32::<RANGE, CLAMP>(c.as_ptr(), l, f);
-            let w = _mm256_packs_epi16(
-                _mm256_packs_epi32(q[0], q[1]),
-                _mm256_packs_epi32(q[2], q[3]),
-            );
-            // packs interleaved the 128-bit lanes: codes 0..32 in order.
-            let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let b = pack32(codes32::<RANGE, CLAMP>(c.as_ptr(), l, f));
             _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
         }
     }
@@ -313,13 +307,7 @@ unsafe fn int4_32_run<const RANGE: bool, const CLAMP: bool>(
             for line in ahead.take(2) {
                 _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
             }
-            let q = codes32::<RANGE, CLAMP>(c.as_ptr(), l, f);
-            let w = _mm256_packs_epi16(
-                _mm256_packs_epi32(q[0], q[1]),
-                _mm256_packs_epi32(q[2], q[3]),
-            );
-            // packs interleaved the 128-bit lanes: codes 0..32 in order.
-            let b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let b = pack32(codes32::<RANGE, CLAMP>(c.as_ptr(), l, f));
             let pairs = _mm256_maddubs_epi16(_mm256_and_si256(b, low), weights);
             let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
             _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(p));
