@@ -6,9 +6,10 @@
 //! per output row (per channel) or one for the tensor. Two paths:
 //!
 //! - A few tokens: each output is `scale · Σ x_i · (q_i − zp) + bias`, the
-//!   codes dequantized inside the dot product ([`crate::simd::dot_dequant_i8_rows`]
-//!   scales the sum once; `_i4` picks each code's `(q − zp) · scale` from a
-//!   16-entry table), rows split across the pool. The weight is read once per
+//!   codes dequantized inside the dot product (`q − zp` converted, or for
+//!   int4 on AVX-512 picked from a 16-entry table), each row's sum scaled
+//!   once ([`crate::simd::dot_dequant_i8_rows`], `_i4`), rows split across
+//!   the pool. The weight is read once per
 //!   call at its quantized size (1 or ½ byte an element).
 //! - Many tokens: panels of weight rows are dequantized exactly as
 //!   `dequantize` does (f64 math, rounded once to f32) into a scratch panel
@@ -160,7 +161,7 @@ pub fn linear_forward_with(
         let widest = (s32 as f64).abs() * (z.abs() + 128.0);
         (s32.is_normal() || s == 0.0) && z.abs() < (1u32 << 22) as f64 && widest < f32::MAX as f64
     });
-    // The int8 dot path scales each row's sum once, after it: a subnormal x
+    // The dot paths scale each row's sum once, after it: a subnormal x
     // would round its products to the subnormal grid first, an error the
     // scale could magnify. Rare enough to send to the panel path.
     let subnormal = || x.iter().fold(false, |any, v| any | v.is_subnormal());

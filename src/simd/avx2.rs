@@ -710,13 +710,12 @@ fn row_ahead<T>(base: *const T, len: usize, stride: usize, r: usize, n: usize) -
 /// A nibble is sign-extended by moving it to the top bits and shifting it
 /// down arithmetically; `ZP = false` skips subtracting a zero point of ±0
 /// (exact: `n - 0 = n`). The vector units are the limit here, so every
-/// operation a step saves counts.
+/// operation a step saves counts (the row's scale comes after the sum).
 #[inline(always)]
 unsafe fn dot128_i4<const ZP: bool>(
     p: *const u8,
     xs: *const f32,
     zp: __m256,
-    s: __m256,
     acc: &mut [__m256; 8],
 ) {
     // SAFETY: the caller guarantees 64 bytes at `p`, 128 floats at `xs`, AVX2/FMA.
@@ -735,8 +734,7 @@ unsafe fn dot128_i4<const ZP: bool>(
             ];
             for (k, n) in planes.into_iter().enumerate() {
                 let v = _mm256_cvtepi32_ps(n);
-                let v = if ZP { _mm256_sub_ps(v, zp) } else { v };
-                let d = _mm256_mul_ps(v, s);
+                let d = if ZP { _mm256_sub_ps(v, zp) } else { v };
                 let a = &mut acc[2 * (k % 4) + h];
                 *a = _mm256_fmadd_ps(_mm256_loadu_ps(xs.add(16 * k + 8 * h)), d, *a);
             }
@@ -802,16 +800,16 @@ unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32], ahead: Option<*const
     // bytes of `p` and 128 of `xs`, inside both; the tail runs on
     // zero-padded copies.
     unsafe {
-        let (zpv, sv) = (_mm256_set1_ps(zp), _mm256_set1_ps(scale));
+        let zpv = _mm256_set1_ps(zp);
         let mut acc = [_mm256_setzero_ps(); 8];
         for i in (0..body).step_by(BLOCK) {
             if let Some(a) = ahead {
                 _mm_prefetch::<_MM_HINT_T1>(a.wrapping_add(i / 2).cast());
             }
             if zp == 0.0 {
-                dot128_i4::<false>(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
+                dot128_i4::<false>(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, &mut acc);
             } else {
-                dot128_i4::<true>(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, sv, &mut acc);
+                dot128_i4::<true>(p.as_ptr().add(i / 2), xs.as_ptr().add(i), zpv, &mut acc);
             }
         }
         let rest = xs.len().min(body + BLOCK) - body;
@@ -824,9 +822,9 @@ unsafe fn dot_i4(p: &[u8], zp: f32, scale: f32, xs: &[f32], ahead: Option<*const
                     *v = xs[body + k];
                 }
             }
-            dot128_i4::<true>(pt.as_ptr(), xt.as_ptr(), zpv, sv, &mut acc);
+            dot128_i4::<true>(pt.as_ptr(), xt.as_ptr(), zpv, &mut acc);
         }
-        tree64(acc)
+        tree64(acc) * scale
     }
 }
 

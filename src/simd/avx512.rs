@@ -1357,8 +1357,7 @@ unsafe fn rows_i4<const R: usize>(
         );
         let mut table = [_mm512_setzero_ps(); R];
         for r in 0..R {
-            let v = _mm512_sub_ps(values, _mm512_set1_ps(zps[r]));
-            table[r] = _mm512_mul_ps(v, _mm512_set1_ps(scales[r]));
+            table[r] = _mm512_sub_ps(values, _mm512_set1_ps(zps[r]));
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         let next = rows_ahead::<u8, R>(p.as_ptr(), stride, p.len());
@@ -1387,8 +1386,8 @@ unsafe fn rows_i4<const R: usize>(
             step_i4::<R>(pp, BLOCK / 2, xp, &table, &mut acc, None);
         }
         let mut out = [0f32; R];
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = tree64(a);
+        for ((o, a), s) in out.iter_mut().zip(acc).zip(scales) {
+            *o = tree64(a) * s;
         }
         out
     }

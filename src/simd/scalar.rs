@@ -110,18 +110,19 @@ pub fn plane_element(k: usize) -> usize {
 }
 
 /// The specification of the int4 dequantizing dot product: `xs[k]` (in
-/// [`nibble_planes`] order) times its element's `(nibble − zp) · scale`, added into lane
-/// `k % 64`, for the elements the bytes of `p` hold; then the tree.
+/// [`nibble_planes`] order) times its element's `nibble − zp`, added into lane
+/// `k % 64`, for the elements the bytes of `p` hold; then the tree, times
+/// `scale` (once, as the int8 product scales its sum).
 pub fn dot_dequant_i4_spec(p: &[u8], zp: f32, scale: f32, xs: &[f32]) -> f32 {
     let mut acc = [0f32; DOT_LANES];
     for (k, &v) in xs.iter().enumerate() {
         let e = plane_element(k);
         let Some(&b) = p.get(e / 2) else { continue };
-        let d = (nibble(if e.is_multiple_of(2) { b } else { b >> 4 }) as f32 - zp) * scale;
+        let d = nibble(if e.is_multiple_of(2) { b } else { b >> 4 }) as f32 - zp;
         let lane = &mut acc[k % DOT_LANES];
         *lane = v.mul_add(d, *lane);
     }
-    lanes_tree_sum(acc)
+    lanes_tree_sum(acc) * scale
 }
 
 /// Sign-extend the low nibble of `b`.

@@ -116,19 +116,20 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
     }
     let want = (scalar::lanes_tree_sum(lanes) * 0.013).to_bits();
     assert_eq!(dots_i8(Isa::Scalar, &q, 130, &[2.0], &x), vec![want]);
-    // int4: the same sum over the nibble-plane order, each element once.
-    let p = vec![0x11u8; 65];
+    // int4: the same sum over the nibble-plane order, each element once,
+    // scaled once after the tree (nibble 3, zero point 1).
+    let p = vec![0x33u8; 65];
     let xs = scalar::nibble_planes(&x);
     let mut lanes = [0f32; scalar::DOT_LANES];
     for (k, v) in xs.iter().enumerate() {
         let e = scalar::plane_element(k);
         assert_eq!(scalar::plane_index(e), k);
         if e < 130 {
-            lanes[k % 64] = v.mul_add(0.013, lanes[k % 64]);
+            lanes[k % 64] = v.mul_add(3.0 - 1.0, lanes[k % 64]);
         }
     }
-    let want = scalar::lanes_tree_sum(lanes).to_bits();
-    assert_eq!(dots_i4(Isa::Scalar, &p, 65, 130, &[0.0], &xs), vec![want]);
+    let want = (scalar::lanes_tree_sum(lanes) * 0.013).to_bits();
+    assert_eq!(dots_i4(Isa::Scalar, &p, 65, 130, &[1.0], &xs), vec![want]);
 }
 
 /// `x @ dequant(W).T + bias` in f64, and a bound on its f32 rounding error.
