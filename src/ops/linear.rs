@@ -196,17 +196,23 @@ pub fn linear_forward_with(
     parallel::run(work, |par| {
         let tasks = out_f.div_ceil(rows);
         if par && tasks > 1 {
-            let parts: Vec<Vec<f32>> = (0..tasks)
-                .into_par_iter()
-                .map(|p| job.rows(p * rows, ((p + 1) * rows).min(out_f)))
-                .collect();
-            for (p, part) in parts.iter().enumerate() {
-                job.scatter(out, part, p * rows);
-            }
+            // Each finished part (a panel, or a task's rows) goes straight
+            // into `out`, so no more than a part a thread is ever held
+            // besides the output (collecting every part first doubled the
+            // peak memory of a large batch).
+            let out = std::sync::Mutex::new(&mut *out);
+            (0..tasks).into_par_iter().for_each(|p| {
+                job.rows(p * rows, ((p + 1) * rows).min(out_f), &mut |first, part| {
+                    let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                    job.scatter(&mut out, part, first);
+                })
+            });
         } else {
             for p in 0..tasks {
-                let part = job.rows(p * rows, ((p + 1) * rows).min(out_f));
-                job.scatter(out, &part, p * rows);
+                let r1 = ((p + 1) * rows).min(out_f);
+                job.rows(p * rows, r1, &mut |first, part| {
+                    job.scatter(out, part, first)
+                });
             }
         }
     });
@@ -347,12 +353,14 @@ impl Job<'_> {
         (sum + self.bias.map_or(0.0, |b| b[r] as f64)) as f32
     }
 
-    /// Outputs of weight rows `r0..r1` for every token, `[row][token]`.
-    fn rows(&self, r0: usize, r1: usize) -> Vec<f32> {
+    /// Outputs of weight rows `r0..r1` for every token, handed to `sink`
+    /// a part at a time: `sink(first, part)`, `part` `[row][token]` from row
+    /// `first`.
+    fn rows(&self, r0: usize, r1: usize, sink: &mut dyn FnMut(usize, &[f32])) {
         if self.panels {
-            self.rows_gemm(r0, r1)
+            self.rows_gemm(r0, r1, sink)
         } else {
-            self.rows_dot(r0, r1)
+            sink(r0, &self.rows_dot(r0, r1))
         }
     }
 
@@ -420,8 +428,9 @@ impl Job<'_> {
 
     /// The panel path over rows `r0..r1`: a panel of [`PANEL_BYTES`] at a
     /// time, one panel buffer for the whole range (a fresh 2 MiB buffer a
-    /// panel took 49 ms at batch 64 where one reused buffer takes 40 ms).
-    fn rows_gemm(&self, r0: usize, r1: usize) -> Vec<f32> {
+    /// panel took 49 ms at batch 64 where one reused buffer takes 40 ms),
+    /// each panel's outputs handed to `sink` as soon as they are summed.
+    fn rows_gemm(&self, r0: usize, r1: usize, sink: &mut dyn FnMut(usize, &[f32])) {
         let [out_f, in_f] = self.w.shape;
         let tokens = self.tokens;
         let per_panel = panel_rows(in_f, out_f, tokens).min(r1 - r0);
@@ -431,7 +440,6 @@ impl Job<'_> {
             WeightCodes::Int4(_) => vec![0i8; in_f + 2],
             WeightCodes::Int8(_) => Vec::new(),
         };
-        let mut res = vec![0f32; (r1 - r0) * tokens];
         for p0 in (r0..r1).step_by(per_panel) {
             let p1 = (p0 + per_panel).min(r1);
             let n = p1 - p0;
@@ -460,24 +468,24 @@ impl Job<'_> {
             // panel as the GEMM's left side, the tokens as its right.
             let (panel, by_row) = (&panel[..n * in_f], &mut by_token[..n * tokens]);
             simd::gemm::gemm_abt(n, tokens, in_f, panel, self.x, by_row);
-            for (j, vals) in by_row.chunks_exact(tokens).enumerate() {
-                let r = p0 + j;
-                let b = self.bias.map_or(0.0, |b| b[r]);
-                for (o, &v) in res[(r - r0) * tokens..][..tokens].iter_mut().zip(vals) {
-                    *o = v + b;
+            if let Some(bias) = self.bias {
+                for (vals, &b) in by_row.chunks_exact_mut(tokens).zip(&bias[p0..p1]) {
+                    vals.iter_mut().for_each(|v| *v += b);
                 }
             }
+            sink(p0, by_row);
         }
-        res
     }
 
-    /// Copy rows `first..` of `[row][token]` results into `out[token][row]`.
+    /// Copy rows `first..` of `[row][token]` results into `out[token][row]`
+    /// (written in order, token by token).
     fn scatter(&self, out: &mut [f32], part: &[f32], first: usize) {
         let out_f = self.w.shape[0];
         let tokens = self.tokens;
-        for (r, vals) in part.chunks_exact(tokens).enumerate() {
-            for (t, &v) in vals.iter().enumerate() {
-                out[t * out_f + first + r] = v;
+        let n = part.len() / tokens.max(1);
+        for (t, o) in out.chunks_exact_mut(out_f).enumerate() {
+            for (r, o) in o[first..first + n].iter_mut().enumerate() {
+                *o = part[r * tokens + t];
             }
         }
     }
