@@ -3,7 +3,7 @@
 Each test names the item it covers. Anything that could hang or kill the
 interpreter runs in a subprocess with a time limit, so a regression fails
 instead of stalling the suite. Item 6 (a caller's FTZ/DAZ flags) is covered in
-tests/simd_parity.rs, where the flags can be set.
+the Rust tests, where the flags can be set, and at the Python boundary below.
 """
 
 from __future__ import annotations
@@ -857,3 +857,77 @@ def test_small_api_and_cli_edges(tmp_path, model):
         "import ferroquant", env_extra={"FERROQUANT_SIMD": "", "FERROQUANT_NUM_THREADS": " "}
     )
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+_FPENV_PROBE = """
+import ctypes, json, struct, warnings
+import numpy as np
+import ferroquant as fq
+
+x = np.array([1e-37, -2e-38, 3e-39], np.float32)  # one subnormal, scales subnormal
+
+
+def results():
+    stats = fq.CalibStats.collect([x])
+    cal = fq.Calibrator()
+    cal.record_layer("l", x.reshape(1, 3))
+    layer = cal.finish()[0]
+    qw = fq.QuantizedWeights.from_f32("w", x, (1, 3))
+    smooth = fq.SmoothQuantConfig(0.5, 1e-40)  # a subnormal epsilon
+    return [
+        fq.compute_scale(x, 127.0),
+        fq.compute_scale(x, 127.0, fq.Percentile(0.5)),
+        fq.compute_scale(x, 1e-40),  # a subnormal clip
+        fq.quantization_mae(x, fq.dynamic_quantize_int8(x)),
+        [stats.min, stats.max, stats.mean, stats.p99, stats.suggested_scale],
+        [layer.w_min, layer.w_max, layer.weight_scale()],
+        qw.scale,
+        fq.compute_smooth_factors(x.reshape(1, 3), x.reshape(1, 3), smooth).tolist(),
+    ]
+
+
+plain = results()
+libc = ctypes.CDLL(None)
+env = ctypes.create_string_buffer(32)  # glibc's x86-64 fenv_t: MXCSR at byte 28
+assert libc.fegetenv(env) == 0
+flagged = bytearray(env.raw)
+struct.pack_into("<I", flagged, 28, struct.unpack_from("<I", env.raw, 28)[0] | 0x8040)
+assert libc.fesetenv(ctypes.create_string_buffer(bytes(flagged), 32)) == 0
+try:
+    live = float(np.float32(1e-39) * np.float32(1.0)) == 0.0  # the flags are in force
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast_math = results()
+finally:
+    libc.fesetenv(env)
+print(json.dumps({"live": live, "plain": repr(plain), "fast_math": repr(fast_math)}))
+"""
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or os.uname().machine != "x86_64",
+    reason="sets MXCSR through glibc's x86-64 fenv_t",
+)
+def test_item6_python_floats_in_and_out_ignore_flush_to_zero():
+    """A caller under FTZ/DAZ (a -ffast-math library loaded) gets the same Python
+    floats: results are widened, and scalar parameters rounded, in the default
+    environment (NumPy's float32() and PyO3's f32 conversions are not)."""
+    r = run_python(_FPENV_PROBE)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["live"], "FTZ/DAZ were not set: the probe proves nothing"
+    assert out["fast_math"] == out["plain"]
+    assert "0.0," not in out["plain"].split("]")[0]  # the subnormal results are there
+
+
+def test_zero_extremes_keep_the_first_zeros_sign():
+    """A second review: AVX2's lane merge reported -0.0 for min and max of
+    [0.0]*4 + [-0.0]*4, where the scalar reference keeps the first zero."""
+    for x in (np.array([0.0] * 4 + [-0.0] * 4, np.float32), np.array([-0.0] * 9 + [0.0] * 9)):
+        first = np.signbit(x[0])
+        s = fq.CalibStats.collect([x])
+        cal = fq.Calibrator()
+        cal.record_layer("l", x.reshape(-1, 1))
+        layer = cal.finish()[0]
+        for v in (s.min, s.max, layer.w_min, layer.w_max):
+            assert v == 0.0 and np.signbit(v) == first

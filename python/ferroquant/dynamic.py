@@ -226,12 +226,14 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
         clip_val, (int, float, np.floating, np.integer)
     ):
         raise TypeError(f"clip_val must be a number, got {type(clip_val).__name__}")
-    with np.errstate(over="ignore"):
-        clip = np.float32(clip_val) if abs(float(clip_val)) < 1e39 else np.float32(np.inf)
-    if not (np.isfinite(clip) and clip > 0):
+    clip = float(clip_val) if abs(float(clip_val)) < 1e39 else math.inf
+    # Rounded natively: NumPy's float32() would flush a subnormal clip to 0
+    # under a caller's flush-to-zero.
+    clip = _native.round_f32(clip)
+    if not (math.isfinite(clip) and clip > 0):
         raise InvalidConfigError(f"clip_val must be finite and > 0 in float32, got {clip_val!r}")
     arr = float_input(x, "x")
-    return float(_native.compute_scale(arr, float(clip), p))
+    return float(_native.compute_scale(arr, clip, p))
 
 
 def _quantize(x: Any, fmt: str, mode: Any, arg: str = "x") -> DynQuantTensor:
@@ -319,9 +321,8 @@ class SmoothQuantConfig:
                 raise InvalidConfigError(f"{name} must be a float32 number, got {v!r}") from None
         if not (0.0 <= self.alpha <= 1.0):
             raise InvalidConfigError(f"alpha must be in [0, 1], got {self.alpha}")
-        with np.errstate(over="ignore"):
-            eps32 = np.float32(self.epsilon)
-        if not (np.isfinite(eps32) and eps32 >= 0):
+        eps32 = _native.round_f32(self.epsilon)
+        if not (math.isfinite(eps32) and eps32 >= 0):
             raise InvalidConfigError(
                 f"epsilon must be finite and >= 0 in float32, got {self.epsilon}"
             )
@@ -352,7 +353,7 @@ def compute_smooth_factors(
             f"weights: expected {a.shape[1]} input features (columns) as activations, "
             f"got {w.shape[1]}"
         )
-    alpha, eps = float(np.float32(config.alpha)), float(np.float32(config.epsilon))
+    alpha, eps = _native.round_f32(config.alpha), _native.round_f32(config.epsilon)
     return readonly(_native.compute_smooth_factors(a, w, a.shape[1], alpha, eps))
 
 

@@ -72,8 +72,9 @@ def _f32(value: Any, arg: str, positive: bool = False) -> float:
         f = math.inf
     except (TypeError, ValueError):
         raise TypeError(f"{arg} must be a number, got {type(value).__name__}") from None
-    with np.errstate(over="ignore"):
-        v = float(np.float32(f))
+    # Rounded natively: NumPy's float32() would flush a subnormal to 0 under a
+    # caller's flush-to-zero.
+    v = _native.round_f32(f)
     if not math.isfinite(v):
         raise InvalidConfigError(f"{arg} must be finite in float32, got {value!r}")
     if positive and not v > 0:
@@ -143,8 +144,10 @@ class LayerCalibration(Quantized):
 
     def weight_scale(self) -> float:
         """``max(|w_min|, |w_max|) / 127`` in float32."""
-        m = max(abs(np.float32(self.w_min)), abs(np.float32(self.w_max)))
-        return float(np.float32(m) / np.float32(127))
+        # Both are float32 values; the quotient rounded once more to float32 is
+        # float32's own division (a double rounding of a quotient is harmless).
+        m = max(abs(self.w_min), abs(self.w_max))
+        return _native.round_f32(m / 127.0)
 
     def compression_ratio(self) -> float:
         """1.0: a calibration record holds no weights."""

@@ -7,6 +7,7 @@ use super::errors::to_pyerr;
 use crate::ops::dynamic::{self as dq, DynCodes, DynCodesMut, DynFormat, ScaleMode};
 use crate::ops::pack::packed_len;
 use crate::ops::{bitnet, calib};
+use crate::simd::fpenv::{narrow, widen};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
@@ -39,17 +40,20 @@ fn format(py: Python<'_>, name: &str) -> PyResult<DynFormat> {
 pub(crate) fn compute_scale(
     py: Python<'_>,
     x: &Bound<'_, PyAny>,
-    clip_val: f32,
+    clip_val: f64,
     p: Option<f64>,
-) -> PyResult<f32> {
+) -> PyResult<f64> {
     let mode = mode(py, p)?;
+    let clip_val = narrow(clip_val);
     let x = FloatArray::extract("x", x)?;
-    with_float_slice!(x, xs => {
+    let scale = with_float_slice!(x, xs => {
         if xs.len() < 65536 {
-            return dq::compute_scale(xs, clip_val, mode).map_err(|e| to_pyerr(py, e));
+            dq::compute_scale(xs, clip_val, mode)
+        } else {
+            py.detach(|| dq::compute_scale(xs, clip_val, mode))
         }
-        py.detach(|| dq::compute_scale(xs, clip_val, mode)).map_err(|e| to_pyerr(py, e))
-    })
+    });
+    scale.map(widen).map_err(|e| to_pyerr(py, e))
 }
 
 /// `(data, scales)`: int8 codes (or uint8 packed int4 bytes) of the C-order
@@ -159,11 +163,12 @@ pub(crate) fn quantization_mae(
     py: Python<'_>,
     original: &Bound<'_, PyAny>,
     restored: &Bound<'_, PyAny>,
-) -> PyResult<f32> {
+) -> PyResult<f64> {
     let r = exact::<f32>("restored", "float32", restored)?;
     let rs = r.as_slice()?;
     let x = FloatArray::extract("original", original)?;
     with_float_slice!(x, xs => py.detach(|| dq::quantization_mae(xs, rs)))
+        .map(widen)
         .map_err(|e| to_pyerr(py, e))
 }
 
@@ -175,7 +180,8 @@ pub(crate) struct CalibAccumulator {
 }
 
 /// `(min, max, mean, std_dev, p99, suggested_scale, exact)`.
-type CalibResult = (f32, f32, f32, f32, f32, f32, bool);
+/// Floats widened exactly (whatever the caller's flags) for Python.
+type CalibResult = (f64, f64, f64, f64, f64, f64, bool);
 
 #[pymethods]
 impl CalibAccumulator {
@@ -209,12 +215,12 @@ impl CalibAccumulator {
         let out = acc.finish();
         let s = out.stats;
         Ok((
-            s.min,
-            s.max,
-            s.mean,
-            s.std_dev,
-            s.p99,
-            s.suggested_scale,
+            widen(s.min),
+            widen(s.max),
+            widen(s.mean),
+            widen(s.std_dev),
+            widen(s.p99),
+            widen(s.suggested_scale),
             out.exact,
         ))
     }

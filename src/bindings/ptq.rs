@@ -5,6 +5,7 @@
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
 use crate::ops::ptq::{self, QuantizedModel, QuantizedModelRef, QuantizedWeightsRef};
+use crate::simd::fpenv::{narrow, widen};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArrayDyn};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
@@ -16,8 +17,9 @@ use pyo3::types::{PyBytes, PyList};
 pub(crate) fn ptq_quantize<'py>(
     py: Python<'py>,
     w: &Bound<'py, PyAny>,
-    scale: Option<f32>,
-) -> PyResult<(Bound<'py, PyArray1<i8>>, f32)> {
+    scale: Option<f64>,
+) -> PyResult<(Bound<'py, PyArray1<i8>>, f64)> {
+    let scale = scale.map(narrow);
     let w = FloatArray::extract("w", w)?;
     with_float_slice!(w, ws => {
         let codes = output::<i8>(py, ws.len())?;
@@ -26,17 +28,17 @@ pub(crate) fn ptq_quantize<'py>(
             let cs = cw.as_slice_mut()?;
             py.detach(|| ptq::quantize_weights(ws, scale, cs)).map_err(|e| to_pyerr(py, e))?
         };
-        Ok((codes, s))
+        Ok((codes, widen(s)))
     })
 }
 
 /// `(min, max)` of the C-order `w` read as float32.
 #[pyfunction]
-pub(crate) fn ptq_range(py: Python<'_>, w: &Bound<'_, PyAny>) -> PyResult<(f32, f32)> {
+pub(crate) fn ptq_range(py: Python<'_>, w: &Bound<'_, PyAny>) -> PyResult<(f64, f64)> {
     let w = FloatArray::extract("w", w)?;
-    with_float_slice!(w, ws => {
-        py.detach(|| ptq::weight_range(ws)).map_err(|e| to_pyerr(py, e))
-    })
+    with_float_slice!(w, ws => py.detach(|| ptq::weight_range(ws)))
+        .map(|(lo, hi)| (widen(lo), widen(hi)))
+        .map_err(|e| to_pyerr(py, e))
 }
 
 /// One layer as Python passes it: name, int8 codes, shape, scale, bias.
@@ -44,7 +46,7 @@ type LayerArgs<'py> = (
     String,
     Bound<'py, PyAny>,
     Vec<usize>,
-    f32,
+    f64,
     Option<Bound<'py, PyAny>>,
 );
 
@@ -79,7 +81,7 @@ pub(crate) fn ptq_write_json<'py>(
             name,
             weights_i8: w.as_slice()?,
             shape,
-            scale: *scale,
+            scale: narrow(*scale),
             bias: match b {
                 Some(b) => Some(b.as_slice()?),
                 None => None,
@@ -139,7 +141,7 @@ pub(crate) fn ptq_read_json<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Model
     for l in model.layers {
         let codes = l.weights_i8.into_pyarray(py);
         let bias = l.bias.map(|b| b.into_pyarray(py));
-        layers.append((l.name, codes, l.shape, l.scale, bias))?;
+        layers.append((l.name, codes, l.shape, widen(l.scale), bias))?;
     }
     Ok((
         model.config_json,

@@ -53,6 +53,14 @@ pub(crate) fn env_warnings() -> Vec<String> {
     crate::env_warnings()
 }
 
+/// `x` rounded to float32 (as a float): the default environment's rounding
+/// whatever this thread's flags, where NumPy's `float32(x)` would flush a
+/// subnormal to zero under a caller's flush-to-zero.
+#[pyfunction]
+pub(crate) fn round_f32(x: f64) -> f64 {
+    crate::simd::fpenv::widen(crate::simd::fpenv::narrow(x))
+}
+
 /// Register these functions and read the environment once, at import: the
 /// thread count and the instruction set are fixed before any thread or
 /// `fork()` of the caller's can race with reading them.
@@ -64,6 +72,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simd_isa, m)?)?;
     m.add_function(wrap_pyfunction!(supported_isas, m)?)?;
     m.add_function(wrap_pyfunction!(env_warnings, m)?)?;
+    m.add_function(wrap_pyfunction!(round_f32, m)?)?;
     m.add_function(wrap_pyfunction!(set_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(get_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(output_cache_usage, m)?)?;

@@ -4,6 +4,7 @@
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
 use crate::ops::smooth::{self as sm, SmoothQuantConfig};
+use crate::simd::fpenv::narrow;
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -17,10 +18,11 @@ pub(crate) fn compute_smooth_factors<'py>(
     activations: &Bound<'py, PyAny>,
     weights: &Bound<'py, PyAny>,
     cols: usize,
-    alpha: f32,
-    epsilon: f32,
+    alpha: f64,
+    epsilon: f64,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-    let config = SmoothQuantConfig::new(alpha, epsilon).map_err(|e| to_pyerr(py, e))?;
+    let config = SmoothQuantConfig::new(narrow(alpha), narrow(epsilon));
+    let config = config.map_err(|e| to_pyerr(py, e))?;
     let a = FloatArray::extract("activations", activations)?;
     let w = FloatArray::extract("weights", weights)?;
     let out = output::<f32>(py, cols)?;

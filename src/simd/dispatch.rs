@@ -223,14 +223,43 @@ primitive!(
     /// Running column maxima of |x| as bit patterns.
     absmax_columns(row: &[f32], acc: &mut [u32]) -> ()
 );
-primitive!(
-    /// Min, max and non-finite flag of an f32 run.
-    range_f32(x: &[f32]) -> Range<f32>
+paste_generic!(
+    /// Min, max and non-finite flag of an f32 run, lanes merged in any order
+    /// (a ±0 extreme may carry either sign: see [`range_f32`]).
+    range_f32_lanes, range_f32, (x: &[f32]), Range<f32>
 );
-primitive!(
-    /// Min, max and non-finite flag of an f64 run.
-    range_f64(x: &[f64]) -> Range<f64>
+paste_generic!(
+    /// As [`range_f32_lanes`] for f64.
+    range_f64_lanes, range_f64, (x: &[f64]), Range<f64>
 );
+
+/// Min, max and non-finite flag of an f32 run. Of equal extremes the scalar
+/// loop keeps the first; equal values have equal bits except ±0, so a zero
+/// extreme takes the sign of the run's first zero (the lanes may have kept
+/// another).
+pub fn range_f32(isa: Isa, x: &[f32]) -> Range<f32> {
+    first_zero_sign(range_f32_lanes(isa, x), x)
+}
+
+/// As [`range_f32`] for f64.
+pub fn range_f64(isa: Isa, x: &[f64]) -> Range<f64> {
+    first_zero_sign(range_f64_lanes(isa, x), x)
+}
+
+fn first_zero_sign<T: PartialEq + Copy + From<i8>>(mut r: Range<T>, x: &[T]) -> Range<T> {
+    let zero = T::from(0);
+    if !r.non_finite && (r.min == zero || r.max == zero) {
+        if let Some(&z) = x.iter().find(|&&v| v == zero) {
+            if r.min == zero {
+                r.min = z;
+            }
+            if r.max == zero {
+                r.max = z;
+            }
+        }
+    }
+    r
+}
 primitive!(
     /// Affine codes of f32 values, computed in f64 (see [`Affine`]).
     affine_quantize_f32(x: &[f32], a: Affine, out: &mut [i8], store: Store) -> ()

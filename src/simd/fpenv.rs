@@ -106,9 +106,44 @@ impl Drop for Pinned {
     }
 }
 
+/// `v` rounded to f32 as the default environment rounds it, whatever this
+/// thread's flags: for floats coming in from a caller (Python's are f64), so
+/// that a caller's rounding mode or flush-to-zero does not change a parameter.
+pub fn narrow(v: f64) -> f32 {
+    let env = Pinned::new();
+    // black_box orders the conversion after the switch and before the restore
+    // (the compiler does not otherwise tie floating-point code to MXCSR).
+    let r = std::hint::black_box(std::hint::black_box(v) as f32);
+    drop(env);
+    r
+}
+
+/// `v` widened to f64 exactly, whatever this thread's flags (denormals-are-zero
+/// would read a subnormal `v` as 0): for results going out to a caller.
+pub fn widen(v: f32) -> f64 {
+    let env = Pinned::new();
+    let r = std::hint::black_box(std::hint::black_box(v) as f64);
+    drop(env);
+    r
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn narrow_and_widen_ignore_the_callers_flags() {
+        let before = read();
+        // Round toward zero, flush-to-zero, denormals-are-zero.
+        write(DEFAULT_MXCSR | 0x6000 | 0x8040);
+        let (a, b, c) = (narrow(0.1), narrow(1e-40), widen(1e-40f32));
+        let plain = std::hint::black_box(std::hint::black_box(1e-40f32) as f64);
+        write(before);
+        assert_eq!(a, 0.1f32, "round to nearest");
+        assert_eq!(b.to_bits(), 1e-40f32.to_bits(), "no flush to zero");
+        assert_eq!(c, 1e-40f32 as f64, "no denormals-are-zero");
+        assert_eq!(plain, 0.0, "the flags were in force");
+    }
 
     #[test]
     fn pinned_clears_ftz_daz_and_restores_them() {

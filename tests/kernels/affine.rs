@@ -523,3 +523,39 @@ fn ranges_skip_nan_as_the_scalar_does() {
         }
     }
 }
+
+#[test]
+fn zero_extremes_keep_the_first_zeros_sign_on_every_isa() {
+    // Equal extremes are equal bits except ±0: the scalar loop keeps the
+    // first zero, so must every ISA (an adversarial review found AVX2's lane
+    // merge returning -0.0 for [0.0; 4] ++ [-0.0; 4]).
+    let bits = |r: simd::Range<f32>| (r.min.to_bits(), r.max.to_bits());
+    let bits64 = |r: simd::Range<f64>| (r.min.to_bits(), r.max.to_bits());
+    for isa in Isa::supported() {
+        for n in [1usize, 2, 7, 8, 9, 16, 17, 33, 64, 100, 257] {
+            for first in [0, 1.min(n - 1), n / 2, n - 1] {
+                for (first_sign, fill) in [(0.0f32, -0.0f32), (-0.0, 0.0)] {
+                    for other in [0.0f32, 1.5, -1.5] {
+                        // Zeros of one sign from `first` on, the other sign's
+                        // zero first, the rest `other` (so a zero is the min,
+                        // the max or both).
+                        let mut x = vec![other; n];
+                        for v in x[first..].iter_mut().step_by(2) {
+                            *v = fill;
+                        }
+                        x[first] = first_sign;
+                        let want = bits(simd::range_f32(Isa::Scalar, &x));
+                        assert_eq!(bits(simd::range_f32(isa, &x)), want, "{isa:?} {x:?}");
+                        let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+                        let want = bits64(simd::range_f64(Isa::Scalar, &x64));
+                        assert_eq!(bits64(simd::range_f64(isa, &x64)), want, "{isa:?} {x64:?}");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        bits(simd::range_f32(Isa::Scalar, &[1.0, 0.0, -0.0])),
+        (0.0f32.to_bits(), 1.0f32.to_bits())
+    );
+}
