@@ -44,18 +44,19 @@ const NEAR_TIE: f32 = 1.0 / 8192.0;
 /// ±clip (and the i8 saturation) maps alike. A product out of i32's range
 /// converts to i32::MIN, which converts back to -2^31, far from it: flagged,
 /// as NaN is.
+///
+/// The flag is left to the caller as the bits of `|y - q|`: non-negative
+/// floats order as their bits do, and NaN's bits exceed every number's, so
+/// the largest of several vectors' bits (`vpmaxud`) compared once with
+/// `0.5 - NEAR_TIE`'s flags exactly the lanes a float compare would.
 #[inline(always)]
-unsafe fn quant8_fast(v: __m256, r: __m256) -> (__m256i, __m256) {
+unsafe fn quant8_fast(v: __m256, r: __m256) -> (__m256i, __m256i) {
     // SAFETY: the caller runs with AVX2 (the Kernels contract).
     unsafe {
         let y = _mm256_mul_ps(v, r);
         let q = _mm256_cvtps_epi32(y);
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-        let e = _mm256_and_ps(_mm256_sub_ps(y, _mm256_cvtepi32_ps(q)), abs);
-        (
-            q,
-            _mm256_cmp_ps::<_CMP_NLE_UQ>(e, _mm256_set1_ps(0.5 - NEAR_TIE)),
-        )
+        let e = _mm256_castps_si256(_mm256_sub_ps(y, _mm256_cvtepi32_ps(q)));
+        (q, _mm256_and_si256(e, _mm256_set1_epi32(0x7fff_ffff)))
     }
 }
 
@@ -105,12 +106,13 @@ unsafe fn quant32(
             _mm256_loadu_ps(x.add(24)),
         ];
         if fast {
-            let (a, ka) = quant8_fast(v[0], r);
-            let (b, kb) = quant8_fast(v[1], r);
-            let (c, kc) = quant8_fast(v[2], r);
-            let (d, kd) = quant8_fast(v[3], r);
-            let k = _mm256_or_ps(_mm256_or_ps(ka, kb), _mm256_or_ps(kc, kd));
-            if _mm256_movemask_ps(k) == 0 {
+            let (a, ea) = quant8_fast(v[0], r);
+            let (b, eb) = quant8_fast(v[1], r);
+            let (c, ec) = quant8_fast(v[2], r);
+            let (d, ed) = quant8_fast(v[3], r);
+            let e = _mm256_max_epu32(_mm256_max_epu32(ea, eb), _mm256_max_epu32(ec, ed));
+            let limit = _mm256_set1_epi32((0.5 - NEAR_TIE).to_bits() as i32);
+            if _mm256_movemask_epi8(_mm256_cmpgt_epi32(e, limit)) == 0 {
                 let (lo, hi) = bounds;
                 return _mm256_min_epi8(_mm256_max_epi8(pack32([a, b, c, d]), lo), hi);
             }
