@@ -74,6 +74,17 @@ pub trait Float: Copy + Send + Sync + 'static + private::Sealed {
 /// f32 toward zero with its last bit set. Rounding that result to nearest-even
 /// at 8 or 11 significant bits equals rounding `x` there directly (f32 keeps
 /// more than two extra bits), so f64 -> f16/bf16 rounds once. (A plain
+/// `src` converted to f32 (as [`Float::to_f32`]) in the default floating-point
+/// environment, whatever the calling thread's flags: a caller's flush-to-zero
+/// would otherwise turn subnormal results into zeros.
+pub fn to_f32_pinned<T: Float>(src: &[T], dst: &mut [f32]) {
+    let _env = simd::fpenv::Pinned::new();
+    // Opaque to the compiler, so the conversion stays after the switch.
+    let src = std::hint::black_box(src);
+    T::convert_to_f32(Isa::detected(), src, dst);
+    std::hint::black_box(&mut *dst);
+}
+
 /// `x as f32` first would round twice and miss a tie by the dropped bits.)
 #[inline]
 pub fn f64_to_f32_round_to_odd(x: f64) -> f32 {

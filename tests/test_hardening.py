@@ -874,7 +874,14 @@ def results():
     layer = cal.finish()[0]
     qw = fq.QuantizedWeights.from_f32("w", x, (1, 3))
     smooth = fq.SmoothQuantConfig(0.5, 1e-40)  # a subnormal epsilon
+    tiny64 = np.array([1e-40, 0.5])  # float64, subnormal in float32
+    lin = fq.QuantizedLinear.from_linear(np.array([[1.0, 0.5], [0.25, -1.0]]), tiny64)
+    qb = fq.QuantizedWeights.from_f32("b", x[:2], (2, 1), bias=tiny64)
     return [
+        # float32 arrays as bit patterns: tolist() under the flags would itself flush.
+        lin.bias.view(np.uint32).tolist(),
+        lin.forward(tiny64.reshape(1, 2)).view(np.uint32).tolist(),
+        qb.bias.view(np.uint32).tolist(),
         fq.compute_scale(x, 127.0),
         fq.compute_scale(x, 127.0, fq.Percentile(0.5)),
         fq.compute_scale(x, 1e-40),  # a subnormal clip
@@ -882,7 +889,9 @@ def results():
         [stats.min, stats.max, stats.mean, stats.p99, stats.suggested_scale],
         [layer.w_min, layer.w_max, layer.weight_scale()],
         qw.scale,
-        fq.compute_smooth_factors(x.reshape(1, 3), x.reshape(1, 3), smooth).tolist(),
+        fq.compute_smooth_factors(x.reshape(1, 3), x.reshape(1, 3), smooth)
+        .view(np.uint32)
+        .tolist(),
     ]
 
 
@@ -931,3 +940,37 @@ def test_zero_extremes_keep_the_first_zeros_sign():
         layer = cal.finish()[0]
         for v in (s.min, s.max, layer.w_min, layer.w_max):
             assert v == 0.0 and np.signbit(v) == first
+
+
+def test_scalars_are_rounded_to_float32_once():
+    """A third review: ``float(value)`` first (a long double, a large int) can land
+    exactly halfway between two float32 values, and a second rounding then picks the
+    wrong one. The scalar parameters are rounded once, whatever the value's type."""
+    from fractions import Fraction
+
+    from ferroquant._checks import round_f32
+
+    def exact(value) -> float:  # the float32 nearest to the exact value, ties to even
+        q = Fraction(*value.as_integer_ratio())
+        r = np.float32(float(q))
+        with np.errstate(over="ignore"):  # float32's largest steps up to inf
+            steps = [np.nextafter(r, np.float32(s)) for s in (np.inf, -np.inf)]
+        cands = [c for c in [r, *steps] if np.isfinite(c)]
+        best = min(abs(Fraction(float(c)) - q) for c in cands)
+        near = [c for c in cands if abs(Fraction(float(c)) - q) == best]
+        return float(min(near, key=lambda c: int(c.view(np.uint32)) & 1))
+
+    big = 2**60 + 2**36 + 1  # float() gives 2**60 + 2**36: a float32 midpoint
+    values = [big, -big, 2**60 + 2**36, 0.1, Fraction(1, 3), 1e-45, 3.4028235e38]
+    if np.finfo(np.longdouble).nmant > 52:  # x87 extended: more bits than float64
+        ld = np.longdouble(1) + np.longdouble(2.0**-24) + np.longdouble(2.0**-60)
+        values += [ld, -ld]
+    for v in values:
+        assert round_f32(v) == exact(v), v
+    assert round_f32(big) == 2.0**60 + 2.0**37
+    # Through the public API: a ptq scale and compute_scale's clip.
+    w = np.array([1.0, -2.0], np.float32)
+    assert fq.QuantizedWeights.from_f32("w", w, (2, 1), scale=big).scale == 2.0**60 + 2.0**37
+    x = np.array([3.0], np.float32)
+    clip = round_f32(big)
+    assert fq.compute_scale(x, big) == float(np.float32(3.0) / np.float32(clip))

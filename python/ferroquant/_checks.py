@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import sys
@@ -11,6 +12,7 @@ from typing import Any, Optional, Tuple, Type
 import ml_dtypes
 import numpy as np
 
+from . import _ferroquant as _native
 from .errors import InvalidConfigError, NonFiniteError, QuantizationError, ShapeMismatchError
 
 _MAX_INT = 2**63 - 1
@@ -131,6 +133,33 @@ def kernel_layout(arr: np.ndarray, dtype: Optional[np.dtype] = None) -> np.ndarr
     out = np.empty(arr.shape, dt)
     out[...] = arr
     return out
+
+
+def to_float32(arr: np.ndarray) -> np.ndarray:
+    """``arr`` (as ``float_input`` returns it) as float32, rounded natively in the
+    default floating-point environment: NumPy's ``astype`` runs under the caller's
+    flags, and flush-to-zero would turn subnormal results into zeros. Values beyond
+    float32's range become ±inf."""
+    if arr.dtype == np.float32:
+        return arr
+    return _native.to_float32(arr).reshape(arr.shape)
+
+
+def round_f32(value: Any) -> float:
+    """A real number rounded once to float32, as a Python float, whatever the
+    caller's floating-point flags. ``float(value)`` may round first (a long double,
+    a large int, a Fraction); when that lands exactly halfway between two float32
+    values, the float is moved one step toward ``value`` so the second rounding
+    goes the way a single one would. Raises what ``float(value)`` raises."""
+    f = float(value)
+    r = _native.round_f32(f)
+    if r != f and math.isfinite(r) and value != f:
+        toward = math.inf if f > r else -math.inf
+        other = float(np.nextafter(np.float32(r), np.float32(toward)))
+        if (r + other) / 2 == f:  # exact: neighbours' sum and half are representable
+            f = math.nextafter(f, math.inf if value > f else -math.inf)
+            r = _native.round_f32(f)
+    return r
 
 
 def float_input(x: Any, arg: str) -> np.ndarray:

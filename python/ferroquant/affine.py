@@ -29,6 +29,7 @@ from ._checks import (
     renamed,
     shape_tuple,
     source_dtype,
+    to_float32,
 )
 from .errors import (
     FormatError,
@@ -155,8 +156,7 @@ class QuantConfig:
 def _finite_f32(arr: np.ndarray, arg: str) -> np.ndarray:
     """``arr`` as float32, or NonFiniteError naming ``arg`` and the first flat index
     holding NaN, ±inf, or a value beyond float32's range."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        f = arr.astype(np.float32, copy=False)
+    f = to_float32(arr)
     ok = np.isfinite(f)
     if not ok.all():
         index = int(np.flatnonzero(~ok.reshape(-1))[0])
@@ -443,9 +443,7 @@ class QuantizedLinear:
             raise ShapeMismatchError(
                 f"x: expected shape (..., {self.in_features}), got {arr.shape}"
             )
-        if arr.dtype != np.float32:
-            with np.errstate(over="ignore", invalid="ignore"):
-                arr = arr.astype(np.float32)  # beyond float32's range: inf, reported below
+        arr = to_float32(arr)  # beyond float32's range: inf, reported below
         lead = arr.shape[:-1]
         tokens = math.prod(lead)
         q = self._weight_q

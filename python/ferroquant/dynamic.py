@@ -24,6 +24,7 @@ from ._checks import (
     is_array_of,
     readonly,
     renamed,
+    round_f32,
     shape_tuple,
     warn,
 )
@@ -226,10 +227,9 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
         clip_val, (int, float, np.floating, np.integer)
     ):
         raise TypeError(f"clip_val must be a number, got {type(clip_val).__name__}")
-    clip = float(clip_val) if abs(float(clip_val)) < 1e39 else math.inf
-    # Rounded natively: NumPy's float32() would flush a subnormal clip to 0
+    # Rounded once, natively: NumPy's float32() would flush a subnormal clip to 0
     # under a caller's flush-to-zero.
-    clip = _native.round_f32(clip)
+    clip = round_f32(clip_val) if abs(float(clip_val)) < 1e39 else math.inf
     if not (math.isfinite(clip) and clip > 0):
         raise InvalidConfigError(f"clip_val must be finite and > 0 in float32, got {clip_val!r}")
     arr = float_input(x, "x")

@@ -29,8 +29,10 @@ from ._checks import (
     held,
     is_array_of,
     readonly,
+    round_f32,
     shape_tuple,
     source_dtype,
+    to_float32,
 )
 from .errors import FormatError, InvalidConfigError, NonFiniteError, ShapeMismatchError
 
@@ -67,14 +69,14 @@ def _f32(value: Any, arg: str, positive: bool = False) -> float:
     if isinstance(value, (bool, np.bool_, str, bytes, np.ndarray)):
         raise TypeError(f"{arg} must be a number, got {type(value).__name__}")
     try:
-        f = float(value)  # any real scalar: int, float, NumPy and ml_dtypes scalars
+        # Any real scalar: int, float, NumPy and ml_dtypes scalars. Rounded once,
+        # natively: NumPy's float32() would flush a subnormal to 0 under a
+        # caller's flush-to-zero.
+        v = round_f32(value)
     except OverflowError:
-        f = math.inf
+        v = math.inf
     except (TypeError, ValueError):
         raise TypeError(f"{arg} must be a number, got {type(value).__name__}") from None
-    # Rounded natively: NumPy's float32() would flush a subnormal to 0 under a
-    # caller's flush-to-zero.
-    v = _native.round_f32(f)
     if not math.isfinite(v):
         raise InvalidConfigError(f"{arg} must be finite in float32, got {value!r}")
     if positive and not v > 0:
@@ -251,7 +253,7 @@ class QuantizedWeights(Quantized):
         if bias is not None:
             b_arr = float_input(bias, "bias")
             with np.errstate(over="ignore"):
-                b = _check_bias(b_arr.astype(np.float32), dims)
+                b = _check_bias(to_float32(b_arr), dims)
         codes, s_used = _native.ptq_quantize(arr, s)
         return cls._trusted(
             name=name,

@@ -61,6 +61,26 @@ pub(crate) fn round_f32(x: f64) -> f64 {
     crate::simd::fpenv::widen(crate::simd::fpenv::narrow(x))
 }
 
+/// `x` (any supported float dtype, C-contiguous) as a flat float32 array,
+/// rounded in the default floating-point environment (NumPy's `astype` runs
+/// under the caller's flags: flush-to-zero would zero subnormal results).
+#[pyfunction]
+pub(crate) fn to_float32<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, numpy::PyArray1<f32>>> {
+    let x = super::arrays::FloatArray::extract("x", x)?;
+    super::arrays::with_float_slice!(x, xs => {
+        let out = super::arrays::output::<f32>(py, xs.len())?;
+        {
+            let mut ow = super::arrays::writable(&out)?;
+            let os = ow.as_slice_mut()?;
+            py.detach(|| crate::element::to_f32_pinned(xs, os));
+        }
+        Ok(out)
+    })
+}
+
 /// Register these functions and read the environment once, at import: the
 /// thread count and the instruction set are fixed before any thread or
 /// `fork()` of the caller's can race with reading them.
@@ -73,6 +93,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(supported_isas, m)?)?;
     m.add_function(wrap_pyfunction!(env_warnings, m)?)?;
     m.add_function(wrap_pyfunction!(round_f32, m)?)?;
+    m.add_function(wrap_pyfunction!(to_float32, m)?)?;
     m.add_function(wrap_pyfunction!(set_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(get_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(output_cache_usage, m)?)?;
