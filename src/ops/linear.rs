@@ -468,10 +468,11 @@ impl Job<'_> {
             // panel as the GEMM's left side, the tokens as its right.
             let (panel, by_row) = (&panel[..n * in_f], &mut by_token[..n * tokens]);
             simd::gemm::gemm_abt(n, tokens, in_f, panel, self.x, by_row);
-            if let Some(bias) = self.bias {
-                for (vals, &b) in by_row.chunks_exact_mut(tokens).zip(&bias[p0..p1]) {
-                    vals.iter_mut().for_each(|v| *v += b);
-                }
+            // The bias, or +0.0 (which also makes a -0.0 sum +0.0, as the dot
+            // path's outputs are).
+            for (j, vals) in by_row.chunks_exact_mut(tokens).enumerate() {
+                let b = self.bias.map_or(0.0, |b| b[p0 + j]);
+                vals.iter_mut().for_each(|v| *v += b);
             }
             sink(p0, by_row);
         }
