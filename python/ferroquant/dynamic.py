@@ -227,9 +227,9 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
         clip_val, (int, float, np.floating, np.integer)
     ):
         raise TypeError(f"clip_val must be a number, got {type(clip_val).__name__}")
-    # Rounded once, natively: NumPy's float32() would flush a subnormal clip to 0
-    # under a caller's flush-to-zero.
-    clip = round_f32(clip_val) if abs(float(clip_val)) < 1e39 else math.inf
+    # Rounded once, natively (beyond float32's range: inf): NumPy's float32() would
+    # flush a subnormal clip to 0 under a caller's flush-to-zero.
+    clip = round_f32(clip_val)
     if not (math.isfinite(clip) and clip > 0):
         raise InvalidConfigError(f"clip_val must be finite and > 0 in float32, got {clip_val!r}")
     arr = float_input(x, "x")

@@ -251,9 +251,7 @@ class QuantizedWeights(Quantized):
         s = None if scale is None else _f32(scale, "scale", positive=True)
         b = None
         if bias is not None:
-            b_arr = float_input(bias, "bias")
-            with np.errstate(over="ignore"):
-                b = _check_bias(to_float32(b_arr), dims)
+            b = _check_bias(to_float32(float_input(bias, "bias")), dims)
         codes, s_used = _native.ptq_quantize(arr, s)
         return cls._trusted(
             name=name,
