@@ -132,6 +132,68 @@ fn dequantizing_dots_match_scalar_on_every_isa() {
     assert_eq!(dots_i4(Isa::Scalar, &p, 65, 130, &[1.0], &xs), vec![want]);
 }
 
+/// At the ends of f32 every ISA still gives the scalar bits: subnormal
+/// products and sums, sums that overflow (or come near to), cancelling
+/// terms and non-finite activations.
+#[test]
+fn dequantizing_dots_match_scalar_at_the_ends_of_f32() {
+    let mut r = crate::rng::Rng(0x5eed);
+    // Activations by magnitude: subnormal, around 2^-126, ordinary, large
+    // enough that 2^24 · x · q passes f32::MAX while x · q does not, and
+    // large enough to overflow unscaled too.
+    let magnitudes = [1.0e-44f32, 1.0e-40, 1.2e-38, 1.0, 1.0e30, 1.0e33, 1.0e37];
+    for isa in Isa::supported() {
+        for n in [1usize, 63, 64, 65, 130, 257] {
+            for case in 0..40 {
+                let m = magnitudes[case % magnitudes.len()];
+                let mut x: Vec<f32> = (0..n).map(|_| (r.unit() - 0.5) * 2.0 * m).collect();
+                // Cancelling pairs (equal terms of both signs) and a few
+                // non-finite inputs.
+                if case % 3 == 1 {
+                    for i in (1..n).step_by(2) {
+                        x[i] = -x[i - 1];
+                    }
+                }
+                if case % 13 == 5 {
+                    x[n / 2] = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY][case % 3];
+                }
+                let rows = 4;
+                let zps = [0.0f32, 3.0, -128.0, 1.0e6];
+                let mut q = codes(rows * n, case as u64 * 31 + n as u64);
+                if case % 3 == 1 {
+                    // Equal codes where the activations cancel.
+                    for i in (1..rows * n).step_by(2) {
+                        if (i % n) % 2 == 1 {
+                            q[i] = q[i - 1];
+                        }
+                    }
+                }
+                assert_eq!(
+                    dots_i8(isa, &q, n, &zps, &x),
+                    dots_i8(Isa::Scalar, &q, n, &zps, &x),
+                    "i8 {isa:?} n {n} case {case} magnitude {m:e}"
+                );
+                let stride = packed_len(n);
+                let p: Vec<u8> = q[..rows * stride].iter().map(|&v| v as u8).collect();
+                let xs = scalar::nibble_planes(&x);
+                assert_eq!(
+                    dots_i4(isa, &p, stride, n, &zps, &xs),
+                    dots_i4(Isa::Scalar, &p, stride, n, &zps, &xs),
+                    "i4 {isa:?} n {n} case {case} magnitude {m:e}"
+                );
+            }
+        }
+    }
+    // Sums of 2^110 come back exactly.
+    let x = vec![2.0f32.powi(103); 64];
+    let xs = scalar::nibble_planes(&x);
+    for isa in Isa::supported() {
+        let want = vec![(2.0f32.powi(110) * 0.013).to_bits()];
+        assert_eq!(dots_i8(isa, &[2i8; 64], 64, &[0.0], &x), want);
+        assert_eq!(dots_i4(isa, &[0x22u8; 32], 32, 64, &[0.0], &xs), want);
+    }
+}
+
 /// `x @ dequant(W).T + bias` in f64, and a bound on its f32 rounding error.
 fn reference(
     q: &[i8],
