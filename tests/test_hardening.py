@@ -974,3 +974,17 @@ def test_scalars_are_rounded_to_float32_once():
     x = np.array([3.0], np.float32)
     clip = round_f32(big)
     assert fq.compute_scale(x, big) == float(np.float32(3.0) / np.float32(clip))
+    # SmoothQuant's epsilon is the floor of every factor: rounded twice it would be
+    # 2**60 (ties to even from float(big)), once it is 2**60 + 2**37.
+    a = np.ones((2, 3), np.float32)
+    s = fq.compute_smooth_factors(a, a, fq.SmoothQuantConfig(epsilon=big))
+    assert s.tolist() == [2.0**60 + 2.0**37] * 3
+    assert fq.SmoothQuantConfig(epsilon=big) != fq.SmoothQuantConfig(epsilon=2**60 + 2**36)
+    if np.finfo(np.longdouble).nmant > 52:
+        half = ld / 2  # 0.5 + 2**-25 + 2**-61: float() gives the midpoint 0.5 + 2**-25
+        cfg = fq.SmoothQuantConfig(alpha=half, epsilon=0.0)
+        want = fq.compute_smooth_factors(a, a * 4, fq.SmoothQuantConfig(0.5 + 2.0**-24, 0.0))
+        assert np.array_equal(fq.compute_smooth_factors(a, a * 4, cfg), want)
+        assert not np.array_equal(
+            want, fq.compute_smooth_factors(a, a * 4, fq.SmoothQuantConfig(0.5, 0.0))
+        )

@@ -10,7 +10,7 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Tuple, Union
 
 import numpy as np
@@ -307,6 +307,10 @@ class SmoothQuantConfig:
 
     alpha: float = 0.5
     epsilon: float = 1e-5
+    # The float32 values the kernel uses, each rounded once from the value given (a
+    # long double or a large int can land on a float32 midpoint as a float64 first).
+    _alpha32: float = field(default=0.0, init=False, repr=False)
+    _epsilon32: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("alpha", "epsilon"):
@@ -316,13 +320,13 @@ class SmoothQuantConfig:
             ):
                 raise InvalidConfigError(f"{name} must be a number, got {v!r}")
             try:
+                object.__setattr__(self, f"_{name}32", round_f32(v))
                 object.__setattr__(self, name, float(v))
             except OverflowError:
                 raise InvalidConfigError(f"{name} must be a float32 number, got {v!r}") from None
         if not (0.0 <= self.alpha <= 1.0):
             raise InvalidConfigError(f"alpha must be in [0, 1], got {self.alpha}")
-        eps32 = _native.round_f32(self.epsilon)
-        if not (math.isfinite(eps32) and eps32 >= 0):
+        if not (math.isfinite(self._epsilon32) and self._epsilon32 >= 0):
             raise InvalidConfigError(
                 f"epsilon must be finite and >= 0 in float32, got {self.epsilon}"
             )
@@ -353,8 +357,9 @@ def compute_smooth_factors(
             f"weights: expected {a.shape[1]} input features (columns) as activations, "
             f"got {w.shape[1]}"
         )
-    alpha, eps = _native.round_f32(config.alpha), _native.round_f32(config.epsilon)
-    return readonly(_native.compute_smooth_factors(a, w, a.shape[1], alpha, eps))
+    return readonly(
+        _native.compute_smooth_factors(a, w, a.shape[1], config._alpha32, config._epsilon32)
+    )
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
