@@ -343,6 +343,16 @@ unsafe fn affine_values8(b: __m128i, zp: __m256d, scale: __m256d) -> (__m256d, _
     }
 }
 
+/// [`affine_values8`] rounded to f32 (nearest even, as `as f32`), in order.
+#[inline(always)]
+unsafe fn affine_floats8(b: __m128i, zp: __m256d, scale: __m256d) -> __m256 {
+    // SAFETY: the caller runs with AVX2.
+    unsafe {
+        let (lo, hi) = affine_values8(b, zp, scale);
+        _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo))
+    }
+}
+
 /// Horizontal min and max of two f64 accumulators.
 #[inline(always)]
 unsafe fn reduce_pd(lo: __m256d, hi: __m256d) -> (f64, f64) {
@@ -1375,16 +1385,42 @@ impl Kernels for Avx2 {
     unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32], store: Store) {
         let n = q.len().min(out.len());
         let (q, out) = (&q[..n], &mut out[..n]);
-        let mut qc = q.chunks_exact(8);
-        let mut oc = out.chunks_exact_mut(8);
-        // SAFETY: AVX2 per the Kernels contract; 8 bytes read and 8 floats written
-        // per full chunk. vcvtpd2ps rounds to nearest even, as `as f32` does.
+        // Streaming: a head up to a 64-byte boundary of `out` goes the cached
+        // way, then whole lines (two 32-byte streaming stores each) bypass the
+        // cache: the output is four times the input, and a cached store would
+        // first read every line it writes.
+        let head = match store {
+            Store::Streaming => (out.as_ptr() as usize).wrapping_neg() % 64 / 4,
+            Store::Cached => 0,
+        }
+        .min(n);
+        let (qh, qb) = q.split_at(head);
+        let (oh, ob) = out.split_at_mut(head);
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::affine_dequantize_f32(qh, zp, scale, oh, Store::Cached) };
+        let mut qc = qb.chunks_exact(16);
+        let mut oc = ob.chunks_exact_mut(16);
+        // SAFETY: AVX2 per the Kernels contract; 16 bytes read and 16 floats
+        // written per full chunk, streamed only to 64-byte aligned lines (the
+        // head aligned `ob`, and chunks are 64 bytes) and fenced before
+        // returning. vcvtpd2ps rounds to nearest even, as `as f32` does.
         unsafe {
             let (z, s) = (_mm256_set1_pd(zp), _mm256_set1_pd(scale));
+            let streaming = matches!(store, Store::Streaming);
             for (c, o) in (&mut qc).zip(&mut oc) {
-                let (lo, hi) = affine_values8(_mm_loadl_epi64(c.as_ptr().cast()), z, s);
-                _mm_storeu_ps(o.as_mut_ptr(), _mm256_cvtpd_ps(lo));
-                _mm_storeu_ps(o.as_mut_ptr().add(4), _mm256_cvtpd_ps(hi));
+                let b = _mm_loadu_si128(c.as_ptr().cast());
+                let v0 = affine_floats8(b, z, s);
+                let v1 = affine_floats8(_mm_unpackhi_epi64(b, b), z, s);
+                if streaming {
+                    _mm256_stream_ps(o.as_mut_ptr(), v0);
+                    _mm256_stream_ps(o.as_mut_ptr().add(8), v1);
+                } else {
+                    _mm256_storeu_ps(o.as_mut_ptr(), v0);
+                    _mm256_storeu_ps(o.as_mut_ptr().add(8), v1);
+                }
+            }
+            if streaming {
+                _mm_sfence();
             }
         }
         // SAFETY: the scalar kernels need no CPU features.
