@@ -9,6 +9,7 @@ the Rust tests, where the flags can be set, and at the Python boundary below.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import struct
@@ -865,6 +866,9 @@ import numpy as np
 import ferroquant as fq
 
 x = np.array([1e-37, -2e-38, 3e-39], np.float32)  # one subnormal, scales subnormal
+# 2.5 * 2**-149 and a little more: float() gives a float32 midpoint, the value rounds
+# up to 3 * 2**-149 (exactly 2.5 * 2**-149 where long double is float64).
+sub = np.longdouble(2.5 * 2.0**-149) + np.ldexp(np.longdouble(1), -209)
 
 
 def results():
@@ -885,6 +889,8 @@ def results():
         fq.compute_scale(x, 127.0),
         fq.compute_scale(x, 127.0, fq.Percentile(0.5)),
         fq.compute_scale(x, 1e-40),  # a subnormal clip
+        fq.compute_scale(x, sub),  # a subnormal clip rounded once from a long double
+        fq.SmoothQuantConfig(0.5, sub).epsilon,
         fq.quantization_mae(x, fq.dynamic_quantize_int8(x)),
         [stats.min, stats.max, stats.mean, stats.p99, stats.suggested_scale],
         [layer.w_min, layer.w_max, layer.weight_scale()],
@@ -980,6 +986,23 @@ def test_scalars_are_rounded_to_float32_once():
     s = fq.compute_smooth_factors(a, a, fq.SmoothQuantConfig(epsilon=big))
     assert s.tolist() == [2.0**60 + 2.0**37] * 3
     assert fq.SmoothQuantConfig(epsilon=big) != fq.SmoothQuantConfig(epsilon=2**60 + 2**36)
+    # A fourth review: NumPy integers compare with floats in float64 (so the midpoint
+    # went unnoticed), and the boundary where float32 overflows is a midpoint too.
+    for t in (int, np.int64, np.uint64):
+        assert round_f32(t(big)) == 2.0**60 + 2.0**37, t
+    edge = 2**128 - 2**103  # halfway from float32's largest to 2**128: ties overflow
+    f32max = float(np.finfo(np.float32).max)
+    assert round_f32(edge - 1) == f32max and round_f32(-(edge - 1)) == -f32max
+    assert round_f32(edge) == math.inf and round_f32(Fraction(edge) - Fraction(1, 3)) == f32max
+    assert (
+        fq.compute_smooth_factors(a, a, fq.SmoothQuantConfig(0.5, edge - 1)).tolist()
+        == [f32max] * 3
+    )
+    with pytest.raises(fq.InvalidConfigError, match="epsilon"):
+        fq.SmoothQuantConfig(epsilon=edge)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning from a neighbour search
+        assert round_f32(int(f32max) + 2**80 + 1) == f32max
     if np.finfo(np.longdouble).nmant > 52:
         half = ld / 2  # 0.5 + 2**-25 + 2**-61: float() gives the midpoint 0.5 + 2**-25
         cfg = fq.SmoothQuantConfig(alpha=half, epsilon=0.0)
@@ -988,3 +1011,48 @@ def test_scalars_are_rounded_to_float32_once():
         assert not np.array_equal(
             want, fq.compute_smooth_factors(a, a * 4, fq.SmoothQuantConfig(0.5, 0.0))
         )
+        below = np.longdouble(2.0**128 - 2.0**103) - np.longdouble(2.0**70)
+        assert round_f32(below) == f32max
+        with pytest.raises(fq.InvalidConfigError, match="alpha"):
+            fq.SmoothQuantConfig(alpha=np.longdouble(1) + np.longdouble(2.0**-60))
+
+
+def test_smooth_config_round_trips_keep_the_float32_values():
+    """A fourth review: a config rebuilt from its fields (``replace``, ``repr``,
+    ``asdict``, pickle) must make the kernel see the same float32 values, and odd
+    numbers are refused with the parameter named."""
+    import dataclasses
+    import pickle
+
+    a = np.ones((2, 3), np.float32)
+    big = 2**60 + 2**36 + 1
+    for cfg in (fq.SmoothQuantConfig(epsilon=big), fq.SmoothQuantConfig(0.25, 1e-3)):
+        for again in (
+            dataclasses.replace(cfg),
+            eval(repr(cfg), {"SmoothQuantConfig": fq.SmoothQuantConfig}),
+            fq.SmoothQuantConfig(**dataclasses.asdict(cfg)),
+            pickle.loads(pickle.dumps(cfg)),
+        ):
+            assert again == cfg
+            assert np.array_equal(
+                fq.compute_smooth_factors(a, a * 3, again), fq.compute_smooth_factors(a, a * 3, cfg)
+            )
+    assert (
+        fq.compute_smooth_factors(
+            a, a, dataclasses.replace(fq.SmoothQuantConfig(epsilon=big), alpha=0.3)
+        ).tolist()
+        == [2.0**60 + 2.0**37] * 3
+    )
+
+    class Bad(float):
+        def __float__(self) -> float:
+            raise ValueError("no")
+
+    for name, value in (
+        ("alpha", np.timedelta64(1)),
+        ("alpha", Bad(0.5)),
+        ("epsilon", 10**400),
+    ):
+        with pytest.raises(fq.InvalidConfigError, match=name) as err:
+            fq.SmoothQuantConfig(**{name: value})
+        assert len(str(err.value)) < 120

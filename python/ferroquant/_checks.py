@@ -7,6 +7,7 @@ import operator
 import os
 import sys
 import warnings
+from fractions import Fraction
 from typing import Any, Optional, Tuple, Type
 
 import ml_dtypes
@@ -145,21 +146,66 @@ def to_float32(arr: np.ndarray) -> np.ndarray:
     return _native.to_float32(arr).reshape(arr.shape)
 
 
+def _exact(value: Any) -> Optional[Fraction]:
+    """``value`` as an exact rational, or None (not finite, or not a real number)."""
+    if isinstance(value, (int, np.integer)):
+        return Fraction(int(value))  # NumPy integers compare with floats in float64
+    try:
+        return Fraction(*value.as_integer_ratio())
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def _nearest_f32(q: Fraction) -> float:
+    """The float32 nearest to ``q`` (ties to even; ±inf from 2**128 - 2**103 on, as
+    IEEE rounding overflows), in exact integer arithmetic: no floating-point flag
+    of the caller's can touch it."""
+    a = abs(q)
+    if a == 0:
+        return 0.0
+    n, d = a.numerator, a.denominator
+    e = n.bit_length() - d.bit_length()  # 2**(e - 1) < a < 2**(e + 1)
+    if (n << max(0, -e)) < (d << max(0, e)):
+        e -= 1  # now 2**e <= a < 2**(e + 1)
+    quantum = max(e, -126) - 23  # float32's spacing at a (subnormal spacing below 2**-126)
+    if quantum >= 0:
+        m, rem = divmod(n, d << quantum)
+        den = d << quantum
+    else:
+        m, rem = divmod(n << -quantum, d)
+        den = d
+    if 2 * rem > den or (2 * rem == den and m & 1):
+        m += 1
+    r = math.ldexp(m, quantum)  # exact: m <= 2**24
+    if r >= 2.0**128:
+        r = math.inf
+    return -r if q < 0 else r
+
+
+def float_for_f32(value: Any) -> float:
+    """``float(value)``, moved one float64 step toward ``value`` where ``float(value)``
+    lands exactly on a float32 rounding boundary that ``value`` itself is not on (a
+    long double, a large int, a Fraction): rounding the result to float32 then gives
+    ``value``'s own single rounding. A float is returned as it is, so storing the result
+    and reading it back is stable. Raises what ``float(value)`` raises."""
+    f = float(value)
+    if type(value) is float or not math.isfinite(f):
+        return f
+    q = _exact(value)
+    if q is None or q == 0:
+        return f  # a signed zero keeps its sign
+    want = _nearest_f32(q)
+    if _native.round_f32(f) == want:
+        return f
+    g = math.nextafter(f, math.inf if q > Fraction(f) else -math.inf)
+    return g if _native.round_f32(g) == want else f
+
+
 def round_f32(value: Any) -> float:
     """A real number rounded once to float32, as a Python float, whatever the
-    caller's floating-point flags. ``float(value)`` may round first (a long double,
-    a large int, a Fraction); when that lands exactly halfway between two float32
-    values, the float is moved one step toward ``value`` so the second rounding
-    goes the way a single one would. Raises what ``float(value)`` raises."""
-    f = float(value)
-    r = _native.round_f32(f)
-    if r != f and math.isfinite(r) and value != f:
-        toward = math.inf if f > r else -math.inf
-        other = float(np.nextafter(np.float32(r), np.float32(toward)))
-        if (r + other) / 2 == f:  # exact: neighbours' sum and half are representable
-            f = math.nextafter(f, math.inf if value > f else -math.inf)
-            r = _native.round_f32(f)
-    return r
+    caller's floating-point flags (see :func:`float_for_f32`). Raises what
+    ``float(value)`` raises."""
+    return float(_native.round_f32(float_for_f32(value)))
 
 
 def float_input(x: Any, arg: str) -> np.ndarray:

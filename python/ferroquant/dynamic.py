@@ -10,7 +10,8 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import reprlib
+from dataclasses import dataclass
 from typing import Any, ClassVar, Tuple, Union
 
 import numpy as np
@@ -19,6 +20,7 @@ from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio, unpack_int4
 from ._checks import (
     describe,
+    float_for_f32,
     float_input,
     held,
     is_array_of,
@@ -307,28 +309,31 @@ class SmoothQuantConfig:
 
     alpha: float = 0.5
     epsilon: float = 1e-5
-    # The float32 values the kernel uses, each rounded once from the value given (a
-    # long double or a large int can land on a float32 midpoint as a float64 first).
-    _alpha32: float = field(default=0.0, init=False, repr=False)
-    _epsilon32: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        given = {}
         for name in ("alpha", "epsilon"):
             v = getattr(self, name)
-            if isinstance(v, (bool, np.bool_)) or not isinstance(
+            if isinstance(v, (bool, np.bool_, np.timedelta64)) or not isinstance(
                 v, (int, float, np.floating, np.integer)
             ):
-                raise InvalidConfigError(f"{name} must be a number, got {v!r}")
+                raise InvalidConfigError(f"{name} must be a number, got {reprlib.repr(v)}")
             try:
-                object.__setattr__(self, f"_{name}32", round_f32(v))
-                object.__setattr__(self, name, float(v))
-            except OverflowError:
-                raise InvalidConfigError(f"{name} must be a float32 number, got {v!r}") from None
-        if not (0.0 <= self.alpha <= 1.0):
-            raise InvalidConfigError(f"alpha must be in [0, 1], got {self.alpha}")
-        if not (math.isfinite(self._epsilon32) and self._epsilon32 >= 0):
+                # The float whose float32 rounding is the value's own (a long double or
+                # a large int can land on a float32 midpoint as a float64 first).
+                object.__setattr__(self, name, float_for_f32(v))
+            except (OverflowError, TypeError, ValueError):
+                raise InvalidConfigError(
+                    f"{name} must be a float32 number, got {reprlib.repr(v)}"
+                ) from None
+            given[name] = v
+        a = given["alpha"]
+        if not (0 <= a <= 1):  # the value as given: a long double just above 1 is out
+            raise InvalidConfigError(f"alpha must be in [0, 1], got {reprlib.repr(a)}")
+        eps32 = _native.round_f32(self.epsilon)
+        if not (math.isfinite(eps32) and eps32 >= 0):
             raise InvalidConfigError(
-                f"epsilon must be finite and >= 0 in float32, got {self.epsilon}"
+                f"epsilon must be finite and >= 0 in float32, got {reprlib.repr(given['epsilon'])}"
             )
 
 
@@ -357,9 +362,8 @@ def compute_smooth_factors(
             f"weights: expected {a.shape[1]} input features (columns) as activations, "
             f"got {w.shape[1]}"
         )
-    return readonly(
-        _native.compute_smooth_factors(a, w, a.shape[1], config._alpha32, config._epsilon32)
-    )
+    alpha, eps = _native.round_f32(config.alpha), _native.round_f32(config.epsilon)
+    return readonly(_native.compute_smooth_factors(a, w, a.shape[1], alpha, eps))
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
