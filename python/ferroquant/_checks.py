@@ -191,6 +191,13 @@ def float_for_f32(value: Any) -> float:
     f = float(value)
     if type(value) is float or not math.isfinite(f):
         return f
+    # Within half a float64 step of f, the value rounds as f does unless f is itself a
+    # float32 rounding boundary (its two float64 neighbours round apart); a float32
+    # value is never one. Only boundaries need the exact arithmetic below.
+    if _native.round_f32(f) == f or _native.round_f32(
+        math.nextafter(f, -math.inf)
+    ) == _native.round_f32(math.nextafter(f, math.inf)):
+        return f
     q = _exact(value)
     if q is None or q == 0:
         return f  # a signed zero keeps its sign
