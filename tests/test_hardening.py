@@ -862,13 +862,18 @@ def test_small_api_and_cli_edges(tmp_path, model):
 
 _FPENV_PROBE = """
 import ctypes, json, struct, warnings
+import ml_dtypes
 import numpy as np
 import ferroquant as fq
+from ferroquant._checks import round_f32
 
 x = np.array([1e-37, -2e-38, 3e-39], np.float32)  # one subnormal, scales subnormal
 # 2.5 * 2**-149 and a little more: float() gives a float32 midpoint, the value rounds
 # up to 3 * 2**-149 (exactly 2.5 * 2**-149 where long double is float64).
 sub = np.longdouble(2.5 * 2.0**-149) + np.ldexp(np.longdouble(1), -209)
+# Narrow scalars, made before the flags are set (NumPy would flush them on creation):
+# float() widens them in hardware, which reads a subnormal as 0 under DAZ.
+tiny32, tiny16, tiny_bf16 = np.float32(1e-40), np.float16(6e-8), ml_dtypes.bfloat16(2.0**-130)
 
 
 def results():
@@ -891,6 +896,9 @@ def results():
         fq.compute_scale(x, 1e-40),  # a subnormal clip
         fq.compute_scale(x, sub),  # a subnormal clip rounded once from a long double
         fq.SmoothQuantConfig(0.5, sub).epsilon,
+        fq.compute_scale(x, tiny32),
+        fq.SmoothQuantConfig(0.5, tiny32).epsilon,
+        [round_f32(v) for v in (tiny16, tiny_bf16)],
         fq.quantization_mae(x, fq.dynamic_quantize_int8(x)),
         [stats.min, stats.max, stats.mean, stats.p99, stats.suggested_scale],
         [layer.w_min, layer.w_max, layer.weight_scale()],
@@ -1048,11 +1056,28 @@ def test_smooth_config_round_trips_keep_the_float32_values():
         def __float__(self) -> float:
             raise ValueError("no")
 
+    class Broken(float):
+        def __float__(self) -> float:
+            raise RuntimeError("no")
+
     for name, value in (
         ("alpha", np.timedelta64(1)),
         ("alpha", Bad(0.5)),
+        ("alpha", Broken(0.5)),
         ("epsilon", 10**400),
+        ("epsilon", 10**4400),  # past Python's int-to-str limit: no repr in the message
     ):
         with pytest.raises(fq.InvalidConfigError, match=name) as err:
             fq.SmoothQuantConfig(**{name: value})
         assert len(str(err.value)) < 120
+    # The same values as compute_scale's clip and a ptq scale: typed errors, short.
+    x = np.ones(4, np.float32)
+    for value in (2**1024, 10**4400, Broken(2.0)):
+        with pytest.raises(fq.InvalidConfigError, match="clip_val") as err:
+            fq.compute_scale(x, value)
+        assert len(str(err.value)) < 120
+    with pytest.raises(fq.InvalidConfigError, match="scale") as err:
+        fq.QuantizedWeights.from_f32("w", x, (4,), scale=10**4400)
+    assert len(str(err.value)) < 120
+    with pytest.raises(TypeError, match="scale"):
+        fq.QuantizedWeights.from_f32("w", x, (4,), scale=Broken(2.0))

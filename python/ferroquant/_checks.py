@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import reprlib
 import sys
 import warnings
 from fractions import Fraction
@@ -182,14 +183,48 @@ def _nearest_f32(q: Fraction) -> float:
     return -r if q < 0 else r
 
 
+def _narrow_float(value: Any) -> Optional[float]:
+    """A float32, bfloat16 or float16 scalar's finite value read from its bits, or
+    None for other values: ``float()`` widens in hardware, and under a caller's
+    denormals-are-zero flag that reads a subnormal as 0."""
+    if isinstance(value, np.float32):
+        bits, e_bits, m_bits = int(value.view(np.uint32)), 8, 23
+    elif isinstance(value, np.float16):
+        bits, e_bits, m_bits = int(value.view(np.uint16)), 5, 10
+    elif isinstance(value, np.generic) and value.dtype == FLOAT_DTYPES["bfloat16"]:
+        bits, e_bits, m_bits = int(value.view(np.uint16)), 8, 7
+    else:
+        return None
+    e = (bits >> m_bits) & ((1 << e_bits) - 1)
+    if e == (1 << e_bits) - 1:
+        return None  # inf or NaN: float() keeps them
+    m, bias = bits & ((1 << m_bits) - 1), (1 << (e_bits - 1)) - 1
+    v = math.ldexp(m | (1 << m_bits) if e else m, max(e, 1) - bias - m_bits)  # exact
+    return -v if bits >> (e_bits + m_bits) else v
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` shortened for a message (an int past Python's 4300-digit
+    conversion limit, or whose repr fails, by its type)."""
+    try:
+        return reprlib.repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+
+
 def float_for_f32(value: Any) -> float:
     """``float(value)``, moved one float64 step toward ``value`` where ``float(value)``
     lands exactly on a float32 rounding boundary that ``value`` itself is not on (a
     long double, a large int, a Fraction): rounding the result to float32 then gives
     ``value``'s own single rounding. A float is returned as it is, so storing the result
     and reading it back is stable. Raises what ``float(value)`` raises."""
+    if type(value) is float:
+        return value
+    narrow = _narrow_float(value)
+    if narrow is not None:
+        return narrow  # a float32 value (or narrower) already
     f = float(value)
-    if type(value) is float or not math.isfinite(f):
+    if not math.isfinite(f):
         return f
     # Within half a float64 step of f, the value rounds as f does unless f is itself a
     # float32 rounding boundary (its two float64 neighbours round apart); a float32

@@ -10,7 +10,6 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
-import reprlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Tuple, Union
 
@@ -28,6 +27,7 @@ from ._checks import (
     renamed,
     round_f32,
     shape_tuple,
+    short_repr,
     warn,
 )
 from .errors import InvalidConfigError, NonFiniteError, PrecisionWarning, ShapeMismatchError
@@ -231,9 +231,18 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
         raise TypeError(f"clip_val must be a number, got {type(clip_val).__name__}")
     # Rounded once, natively (beyond float32's range: inf): NumPy's float32() would
     # flush a subnormal clip to 0 under a caller's flush-to-zero.
-    clip = round_f32(clip_val)
+    try:
+        clip = round_f32(clip_val)
+    except OverflowError:  # an int past float64's range
+        clip = math.inf
+    except Exception:  # a broken __float__
+        raise InvalidConfigError(
+            f"clip_val must be a float32 number, got {short_repr(clip_val)}"
+        ) from None
     if not (math.isfinite(clip) and clip > 0):
-        raise InvalidConfigError(f"clip_val must be finite and > 0 in float32, got {clip_val!r}")
+        raise InvalidConfigError(
+            f"clip_val must be finite and > 0 in float32, got {short_repr(clip_val)}"
+        )
     arr = float_input(x, "x")
     return float(_native.compute_scale(arr, clip, p))
 
@@ -317,23 +326,23 @@ class SmoothQuantConfig:
             if isinstance(v, (bool, np.bool_, np.timedelta64)) or not isinstance(
                 v, (int, float, np.floating, np.integer)
             ):
-                raise InvalidConfigError(f"{name} must be a number, got {reprlib.repr(v)}")
+                raise InvalidConfigError(f"{name} must be a number, got {short_repr(v)}")
             try:
                 # The float whose float32 rounding is the value's own (a long double or
                 # a large int can land on a float32 midpoint as a float64 first).
                 object.__setattr__(self, name, float_for_f32(v))
-            except (OverflowError, TypeError, ValueError):
+            except Exception:  # float() refused it (too large, or a broken __float__)
                 raise InvalidConfigError(
-                    f"{name} must be a float32 number, got {reprlib.repr(v)}"
+                    f"{name} must be a float32 number, got {short_repr(v)}"
                 ) from None
             given[name] = v
         a = given["alpha"]
         if not (0 <= a <= 1):  # the value as given: a long double just above 1 is out
-            raise InvalidConfigError(f"alpha must be in [0, 1], got {reprlib.repr(a)}")
+            raise InvalidConfigError(f"alpha must be in [0, 1], got {short_repr(a)}")
         eps32 = _native.round_f32(self.epsilon)
         if not (math.isfinite(eps32) and eps32 >= 0):
             raise InvalidConfigError(
-                f"epsilon must be finite and >= 0 in float32, got {reprlib.repr(given['epsilon'])}"
+                f"epsilon must be finite and >= 0 in float32, got {short_repr(given['epsilon'])}"
             )
 
 

@@ -31,6 +31,7 @@ from ._checks import (
     readonly,
     round_f32,
     shape_tuple,
+    short_repr,
     source_dtype,
     to_float32,
 )
@@ -75,12 +76,12 @@ def _f32(value: Any, arg: str, positive: bool = False) -> float:
         v = round_f32(value)
     except OverflowError:
         v = math.inf
-    except (TypeError, ValueError):
+    except Exception:  # not a number, or a broken __float__
         raise TypeError(f"{arg} must be a number, got {type(value).__name__}") from None
     if not math.isfinite(v):
-        raise InvalidConfigError(f"{arg} must be finite in float32, got {value!r}")
+        raise InvalidConfigError(f"{arg} must be finite in float32, got {short_repr(value)}")
     if positive and not v > 0:
-        raise InvalidConfigError(f"{arg} must be > 0 in float32, got {value!r}")
+        raise InvalidConfigError(f"{arg} must be > 0 in float32, got {short_repr(value)}")
     return v
 
 
