@@ -203,13 +203,22 @@ def _narrow_float(value: Any) -> Optional[float]:
     return -v if bits >> (e_bits + m_bits) else v
 
 
+def exact_float(value: Any) -> float:
+    """``float(value)``, but a float32/float16/bfloat16 scalar is read from its bits,
+    so a caller's denormals-are-zero flag cannot turn a subnormal into 0."""
+    narrow = _narrow_float(value)
+    return float(value) if narrow is None else narrow
+
+
 def short_repr(value: Any) -> str:
     """``repr(value)`` shortened for a message (an int past Python's 4300-digit
     conversion limit, or whose repr fails, by its type)."""
     try:
         return reprlib.repr(value)
     except Exception:
-        return f"a {type(value).__name__}"
+        if isinstance(value, int):
+            return f"an int of {value.bit_length()} bits"
+        return f"a value of type {type(value).__name__}"
 
 
 def float_for_f32(value: Any) -> float:

@@ -19,6 +19,7 @@ from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio, unpack_int4
 from ._checks import (
     describe,
+    exact_float,
     float_for_f32,
     float_input,
     held,
@@ -72,11 +73,11 @@ class Percentile:
         if isinstance(p, (bool, np.bool_)) or not isinstance(
             p, (int, float, np.floating, np.integer)
         ):
-            raise InvalidConfigError(f"p must be a number in (0, 1], got {p!r}")
+            raise InvalidConfigError(f"p must be a number in (0, 1], got {short_repr(p)}")
         try:
-            p = float(p)
-        except OverflowError:
-            raise InvalidConfigError(f"p must be in (0, 1], got {self.p!r}") from None
+            p = exact_float(p)
+        except Exception:  # too large for a float, or a broken __float__
+            raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}") from None
         if not (0.0 < p <= 1.0):
             raise InvalidConfigError(f"p must be in (0, 1], got {p}")
         object.__setattr__(self, "p", p)
@@ -455,7 +456,10 @@ class CalibStats(Quantized):
                 v, (int, float, np.floating, np.integer)
             ):
                 raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-            v = float(v)
+            try:
+                v = exact_float(v)
+            except Exception:  # too large for a float, or a broken __float__
+                raise InvalidConfigError(f"{name} must be finite, got {short_repr(v)}") from None
             if not math.isfinite(v):
                 raise InvalidConfigError(f"{name} must be finite, got {v}")
             object.__setattr__(self, name, v)
