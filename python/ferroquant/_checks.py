@@ -169,12 +169,8 @@ def _nearest_f32(q: Fraction) -> float:
     if (n << max(0, -e)) < (d << max(0, e)):
         e -= 1  # now 2**e <= a < 2**(e + 1)
     quantum = max(e, -126) - 23  # float32's spacing at a (subnormal spacing below 2**-126)
-    if quantum >= 0:
-        m, rem = divmod(n, d << quantum)
-        den = d << quantum
-    else:
-        m, rem = divmod(n << -quantum, d)
-        den = d
+    num, den = (n, d << quantum) if quantum >= 0 else (n << -quantum, d)
+    m, rem = divmod(num, den)
     if 2 * rem > den or (2 * rem == den and m & 1):
         m += 1
     r = math.ldexp(m, quantum)  # exact: m <= 2**24
@@ -229,24 +225,22 @@ def float_for_f32(value: Any) -> float:
     and reading it back is stable. Raises what ``float(value)`` raises."""
     if type(value) is float:
         return value
-    narrow = _narrow_float(value)
-    if narrow is not None:
-        return narrow  # a float32 value (or narrower) already
-    f = float(value)
+    f = exact_float(value)  # a narrow scalar is a float32 value: returned just below
     if not math.isfinite(f):
         return f
     # Within half a float64 step of f, the value rounds as f does unless f is itself a
     # float32 rounding boundary (its two float64 neighbours round apart); a float32
     # value is never one. Only boundaries need the exact arithmetic below.
-    if _native.round_f32(f) == f or _native.round_f32(
-        math.nextafter(f, -math.inf)
-    ) == _native.round_f32(math.nextafter(f, math.inf)):
+    r = _native.round_f32(f)
+    if r == f or _native.round_f32(math.nextafter(f, -math.inf)) == _native.round_f32(
+        math.nextafter(f, math.inf)
+    ):
         return f
     q = _exact(value)
     if q is None or q == 0:
         return f  # a signed zero keeps its sign
     want = _nearest_f32(q)
-    if _native.round_f32(f) == want:
+    if r == want:
         return f
     g = math.nextafter(f, math.inf if q > Fraction(f) else -math.inf)
     return g if _native.round_f32(g) == want else f
