@@ -67,11 +67,16 @@ mod bindings;
 pub use element::Float;
 
 /// Why a ferroquant environment variable (`FERROQUANT_NUM_THREADS`,
-/// `FERROQUANT_SIMD`) is ignored, one message each; empty if none is.
+/// `FERROQUANT_BIND_THREADS`, `FERROQUANT_SIMD`) is ignored, one message each;
+/// empty if none is.
 pub fn env_warnings() -> Vec<String> {
-    [parallel::env_warning(), simd::env_warning()]
-        .into_iter()
-        .flatten()
-        .collect()
+    [
+        parallel::env_warning(),
+        parallel::bind_env_warning(),
+        simd::env_warning(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 pub use error::{QuantError, Result};

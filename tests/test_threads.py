@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -89,6 +91,55 @@ def test_bad_thread_env_warns_and_falls_back():
         {"FERROQUANT_NUM_THREADS": "lots"},
     )
     assert "warned" in out.stdout and "FERROQUANT_NUM_THREADS" in out.stdout
+
+
+_AFFINITIES = """
+    import json, os
+    if os.environ.get("BIND") is None:
+        os.environ.pop("FERROQUANT_BIND_THREADS", None)  # the default
+    else:
+        os.environ["FERROQUANT_BIND_THREADS"] = os.environ["BIND"]
+    import numpy as np, ferroquant as fq
+    cpus = sorted(os.sched_getaffinity(0))
+    fq.set_num_threads(len(cpus) + int(os.environ["EXTRA"]))
+    fq.dequantize_blockwise(fq.quantize_blockwise(np.ones(1 << 21, np.float32)))
+    masks = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+        if name.startswith("ferroquant-"):
+            masks[int(name.split("-")[1])] = sorted(os.sched_getaffinity(int(tid)))
+    print(json.dumps([cpus, [masks[i] for i in sorted(masks)], sorted(os.sched_getaffinity(0))]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux binding only")
+@pytest.mark.parametrize("bind, extra", [(None, 0), ("1", 0), ("0", 0), (None, 1)])
+def test_workers_are_bound_to_cpus_when_the_pool_covers_them(bind, extra):
+    # One worker per allowed CPU: worker i runs on CPU i only. Binding off, or a
+    # pool of another size: every worker keeps the whole mask. The caller's mask
+    # is never changed.
+    env = {"EXTRA": str(extra)}
+    if bind is not None:
+        env["BIND"] = bind
+    r = run_python(_AFFINITIES, env_extra=env)
+    assert r.returncode == 0, r.stderr
+    cpus, masks, caller = json.loads(r.stdout)
+    assert caller == cpus
+    assert len(masks) == len(cpus) + extra
+    if bind != "0" and extra == 0 and len(cpus) >= 2:
+        assert masks == [[c] for c in cpus]
+    else:
+        assert all(m == cpus for m in masks)
+
+
+def test_bad_bind_env_warns_and_binds():
+    out = run_python(
+        "import warnings; warnings.simplefilter('error')\n"
+        "try:\n import ferroquant\nexcept RuntimeWarning as w: print('warned', w)",
+        {"FERROQUANT_BIND_THREADS": "yes"},
+    )
+    assert "warned" in out.stdout and "FERROQUANT_BIND_THREADS" in out.stdout
 
 
 def test_forked_child_gets_its_own_pool():
