@@ -133,7 +133,7 @@ def test_workers_are_bound_to_cpus_when_the_pool_covers_them(bind, extra):
         assert all(m == cpus for m in masks)
 
 
-def test_bad_bind_env_warns_and_binds():
+def test_bad_bind_env_warns():
     out = run_python(
         "import warnings; warnings.simplefilter('error')\n"
         "try:\n import ferroquant\nexcept RuntimeWarning as w: print('warned', w)",
