@@ -15,7 +15,7 @@
 //! that).
 //!
 //! Workers are bound to CPUs when the pool has one per CPU the process may
-//! run on (Linux; see [`bind_worker`]): unbound, a worker woken for a job
+//! run on (Linux; see `bind_worker`): unbound, a worker woken for a job
 //! often landed on the CPU its busy sibling was running on and waited there
 //! for milliseconds, so two threads streamed a weight no faster than one.
 //!
