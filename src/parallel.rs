@@ -28,7 +28,7 @@ use crate::error::{QuantError, Result};
 use crate::simd::fpenv;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Calls with less work than this stay on the calling thread: below it the
 /// hand-off to the pool (waking its workers, 15-50 µs on the 2-vCPU build VM)
@@ -59,8 +59,6 @@ pub const ENV_BIND_THREADS: &str = "FERROQUANT_BIND_THREADS";
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 /// `FERROQUANT_NUM_THREADS` as read once: 0 unread, `usize::MAX` absent or invalid.
 static ENV_CACHE: AtomicUsize = AtomicUsize::new(0);
-/// `FERROQUANT_BIND_THREADS` as read once: 0 unread, 1 off, 2 on.
-static BIND_CACHE: AtomicUsize = AtomicUsize::new(0);
 /// A thread count whose pool could not be built (the OS refused threads); 0 if none.
 static FAILED: AtomicUsize = AtomicUsize::new(0);
 
@@ -79,8 +77,31 @@ pub fn parse_num_threads(raw: &str) -> std::result::Result<usize, String> {
     match raw.trim().parse::<usize>() {
         Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
         _ => Err(format!(
-            "{ENV_NUM_THREADS}={raw:?} is not an integer in 1..={MAX_THREADS}; it is ignored"
+            "{ENV_NUM_THREADS}={} is not an integer in 1..={MAX_THREADS}; it is ignored",
+            shown(raw)
         )),
+    }
+}
+
+/// An environment value as a warning quotes it: at most 40 characters, quoted
+/// and escaped (a megabyte of garbage makes a one-line warning).
+fn shown(raw: &str) -> String {
+    let head: String = raw.chars().take(40).collect();
+    let more = if head.len() < raw.len() { "..." } else { "" };
+    format!("{head:?}{more}")
+}
+
+/// The value of environment variable `name`: `None` if unset or blank,
+/// `Some(Err(warning))` if it is not UTF-8 text.
+fn env_text(name: &str) -> Option<std::result::Result<String, String>> {
+    let raw = std::env::var_os(name)?;
+    match raw.into_string() {
+        Ok(t) if t.trim().is_empty() => None, // set but empty: the same as unset
+        Ok(t) => Some(Ok(t)),
+        Err(raw) => Some(Err(format!(
+            "{name}={} is not UTF-8 text; it is ignored",
+            shown(&raw.to_string_lossy())
+        ))),
     }
 }
 
@@ -90,10 +111,10 @@ pub fn parse_num_threads(raw: &str) -> std::result::Result<usize, String> {
 pub fn env_num_threads() -> Option<usize> {
     let mut v = ENV_CACHE.load(Ordering::Acquire);
     if v == 0 {
-        v = std::env::var(ENV_NUM_THREADS)
-            .ok()
-            .and_then(|raw| parse_num_threads(&raw).ok())
-            .unwrap_or(usize::MAX);
+        v = match env_text(ENV_NUM_THREADS) {
+            Some(Ok(raw)) => parse_num_threads(&raw).unwrap_or(usize::MAX),
+            _ => usize::MAX,
+        };
         // Racing first calls read the same variable; either store is fine.
         ENV_CACHE.store(v, Ordering::Release);
     }
@@ -102,11 +123,10 @@ pub fn env_num_threads() -> Option<usize> {
 
 /// Why the `FERROQUANT_NUM_THREADS` value in the environment is ignored, if it is.
 pub fn env_warning() -> Option<String> {
-    let raw = std::env::var(ENV_NUM_THREADS).ok()?;
-    if raw.trim().is_empty() {
-        return None; // set but empty: the same as unset
+    match env_text(ENV_NUM_THREADS)? {
+        Ok(raw) => parse_num_threads(&raw).err(),
+        Err(warning) => Some(warning),
     }
-    parse_num_threads(&raw).err()
 }
 
 /// `FERROQUANT_BIND_THREADS`'s value: `0` off, `1` on (surrounding spaces
@@ -116,33 +136,44 @@ pub fn parse_bind_threads(raw: &str) -> std::result::Result<bool, String> {
         "0" => Ok(false),
         "1" => Ok(true),
         _ => Err(format!(
-            "{ENV_BIND_THREADS}={raw:?} is not 0 or 1; it is ignored (workers are bound)"
+            "{ENV_BIND_THREADS}={} is not 0 or 1; it is ignored (binding stays on)",
+            shown(raw)
         )),
     }
 }
 
-/// Whether workers may be bound to CPUs (`FERROQUANT_BIND_THREADS`, read once).
+/// `FERROQUANT_BIND_THREADS` as read once: binding on, and why the value
+/// was ignored (the warning describes the very read that is used).
+struct BindEnv {
+    on: bool,
+    warning: Option<String>,
+}
+
+fn bind_env() -> &'static BindEnv {
+    static BIND_ENV: OnceLock<BindEnv> = OnceLock::new();
+    BIND_ENV.get_or_init(|| {
+        let (on, warning) = match env_text(ENV_BIND_THREADS) {
+            None => (true, None),
+            Some(Ok(raw)) => match parse_bind_threads(&raw) {
+                Ok(on) => (on, None),
+                Err(w) => (true, Some(w)),
+            },
+            Some(Err(w)) => (true, Some(w)),
+        };
+        BindEnv { on, warning }
+    })
+}
+
+/// Whether workers may be bound to CPUs (`FERROQUANT_BIND_THREADS`, read on
+/// the first call only: the Python module calls this at import).
 pub fn bind_threads() -> bool {
-    let mut v = BIND_CACHE.load(Ordering::Acquire);
-    if v == 0 {
-        let on = std::env::var(ENV_BIND_THREADS)
-            .ok()
-            .and_then(|raw| parse_bind_threads(&raw).ok())
-            .unwrap_or(true);
-        v = if on { 2 } else { 1 };
-        BIND_CACHE.store(v, Ordering::Release);
-    }
-    v == 2
+    bind_env().on
 }
 
 /// Why `FERROQUANT_BIND_THREADS` is ignored, if it is set to something else
 /// than `0` or `1`.
 pub fn bind_env_warning() -> Option<String> {
-    let raw = std::env::var(ENV_BIND_THREADS).ok()?;
-    if raw.trim().is_empty() {
-        return None; // set but empty: the same as unset
-    }
-    parse_bind_threads(&raw).err()
+    bind_env().warning.clone()
 }
 
 fn default_num_threads() -> usize {
@@ -370,6 +401,9 @@ mod tests {
             let e = parse_bind_threads(bad).expect_err(bad);
             assert!(e.contains(ENV_BIND_THREADS) && e.contains("ignored"), "{e}");
         }
+        // A long value is cut short in the message.
+        let e = parse_bind_threads(&"x".repeat(100_000)).unwrap_err();
+        assert!(e.len() < 200 && e.contains("..."), "{e}");
     }
 
     #[cfg(target_os = "linux")]

@@ -82,10 +82,11 @@ pub(crate) fn to_float32<'py>(
 }
 
 /// Register these functions and read the environment once, at import: the
-/// thread count and the instruction set are fixed before any thread or
+/// thread count, worker binding and the instruction set are fixed before any thread or
 /// `fork()` of the caller's can race with reading them.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let _ = parallel::env_num_threads();
+    let _ = parallel::bind_threads();
     let _ = Isa::detected();
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
