@@ -28,7 +28,7 @@ use crate::error::{QuantError, Result};
 use crate::simd::fpenv;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Calls with less work than this stay on the calling thread: below it the
 /// hand-off to the pool (waking its workers, 15-50 µs on the 2-vCPU build VM)
@@ -59,6 +59,8 @@ pub const ENV_BIND_THREADS: &str = "FERROQUANT_BIND_THREADS";
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 /// `FERROQUANT_NUM_THREADS` as read once: 0 unread, `usize::MAX` absent or invalid.
 static ENV_CACHE: AtomicUsize = AtomicUsize::new(0);
+/// `FERROQUANT_BIND_THREADS` as read once: 0 unread, 1 off, 2 on.
+static BIND_CACHE: AtomicUsize = AtomicUsize::new(0);
 /// A thread count whose pool could not be built (the OS refused threads); 0 if none.
 static FAILED: AtomicUsize = AtomicUsize::new(0);
 
@@ -142,38 +144,30 @@ pub fn parse_bind_threads(raw: &str) -> std::result::Result<bool, String> {
     }
 }
 
-/// `FERROQUANT_BIND_THREADS` as read once: binding on, and why the value
-/// was ignored (the warning describes the very read that is used).
-struct BindEnv {
-    on: bool,
-    warning: Option<String>,
-}
-
-fn bind_env() -> &'static BindEnv {
-    static BIND_ENV: OnceLock<BindEnv> = OnceLock::new();
-    BIND_ENV.get_or_init(|| {
-        let (on, warning) = match env_text(ENV_BIND_THREADS) {
-            None => (true, None),
-            Some(Ok(raw)) => match parse_bind_threads(&raw) {
-                Ok(on) => (on, None),
-                Err(w) => (true, Some(w)),
-            },
-            Some(Err(w)) => (true, Some(w)),
-        };
-        BindEnv { on, warning }
-    })
-}
-
 /// Whether workers may be bound to CPUs (`FERROQUANT_BIND_THREADS`, read on
-/// the first call only: the Python module calls this at import).
+/// the first call only: the Python module calls this at import, beside the
+/// thread count; an atomic, like the thread count, so a `fork()` at any moment
+/// leaves nothing half-initialised).
 pub fn bind_threads() -> bool {
-    bind_env().on
+    let mut v = BIND_CACHE.load(Ordering::Acquire);
+    if v == 0 {
+        let on = match env_text(ENV_BIND_THREADS) {
+            Some(Ok(raw)) => parse_bind_threads(&raw).unwrap_or(true),
+            _ => true,
+        };
+        v = if on { 2 } else { 1 };
+        BIND_CACHE.store(v, Ordering::Release);
+    }
+    v == 2
 }
 
-/// Why `FERROQUANT_BIND_THREADS` is ignored, if it is set to something else
-/// than `0` or `1`.
+/// Why the `FERROQUANT_BIND_THREADS` value in the environment is ignored, if
+/// it is set to something else than `0` or `1`.
 pub fn bind_env_warning() -> Option<String> {
-    bind_env().warning.clone()
+    match env_text(ENV_BIND_THREADS)? {
+        Ok(raw) => parse_bind_threads(&raw).err(),
+        Err(warning) => Some(warning),
+    }
 }
 
 fn default_num_threads() -> usize {
