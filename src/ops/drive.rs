@@ -108,8 +108,8 @@ pub(crate) fn split_quantize<T: Float, S: ScaleStore>(
 /// is prefetched into L2 beside it. On Zen 4 (1 MiB of L2) 16 Ki to 256 Ki
 /// elements measured alike; a whole 32 MiB input and single rows were slower.
 /// On Zen 3 (512 KiB of L2), in one process against 64 Ki elements, 2048 x
-/// 4096 rows after a cache flush: 32 Ki 5-14 % faster, 16 Ki 7-22 % faster
-/// (and 2-4 % ahead of 32 Ki).
+/// 4096 rows after a cache flush: 16 Ki 5-10 % faster on one thread and 9-18 %
+/// on two (32 Ki in between, 8 Ki slower again).
 const L2_SPAN: usize = 16 * 1024;
 
 /// How groups are quantized: the ISA, the group length, the scale rule and
