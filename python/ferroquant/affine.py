@@ -431,8 +431,9 @@ class QuantizedLinear:
 
         Fused: the weight is read at its quantized size and never dequantized whole. A
         few tokens take dot products that dequantize codes as they go; from 8 tokens on,
-        panels of rows (512 KiB of float32) are dequantized exactly and multiplied by a
-        blocked GEMM. Within float32 rounding of the unfused product, in a fixed order.
+        panels of rows (up to 8 MiB of float32, at most a quarter of the weight) are
+        dequantized exactly and multiplied by a blocked GEMM. Within float32 rounding of
+        the unfused product, in a fixed order.
 
         Raises:
             ShapeMismatchError: ``x``'s last dimension is not ``in_features``.
