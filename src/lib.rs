@@ -53,6 +53,7 @@
 #![deny(unsafe_code)]
 
 pub mod element;
+mod env;
 pub mod error;
 pub mod formats;
 pub mod ops;

@@ -80,30 +80,8 @@ pub fn parse_num_threads(raw: &str) -> std::result::Result<usize, String> {
         Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
         _ => Err(format!(
             "{ENV_NUM_THREADS}={} is not an integer in 1..={MAX_THREADS}; it is ignored",
-            shown(raw)
+            crate::env::shown(raw)
         )),
-    }
-}
-
-/// An environment value as a warning quotes it: at most 40 characters, quoted
-/// and escaped (a megabyte of garbage makes a one-line warning).
-fn shown(raw: &str) -> String {
-    let head: String = raw.chars().take(40).collect();
-    let more = if head.len() < raw.len() { "..." } else { "" };
-    format!("{head:?}{more}")
-}
-
-/// The value of environment variable `name`: `None` if unset or blank,
-/// `Some(Err(warning))` if it is not UTF-8 text.
-fn env_text(name: &str) -> Option<std::result::Result<String, String>> {
-    let raw = std::env::var_os(name)?;
-    match raw.into_string() {
-        Ok(t) if t.trim().is_empty() => None, // set but empty: the same as unset
-        Ok(t) => Some(Ok(t)),
-        Err(raw) => Some(Err(format!(
-            "{name}={} is not UTF-8 text; it is ignored",
-            shown(&raw.to_string_lossy())
-        ))),
     }
 }
 
@@ -113,7 +91,7 @@ fn env_text(name: &str) -> Option<std::result::Result<String, String>> {
 pub fn env_num_threads() -> Option<usize> {
     let mut v = ENV_CACHE.load(Ordering::Acquire);
     if v == 0 {
-        v = match env_text(ENV_NUM_THREADS) {
+        v = match crate::env::text(ENV_NUM_THREADS) {
             Some(Ok(raw)) => parse_num_threads(&raw).unwrap_or(usize::MAX),
             _ => usize::MAX,
         };
@@ -125,7 +103,7 @@ pub fn env_num_threads() -> Option<usize> {
 
 /// Why the `FERROQUANT_NUM_THREADS` value in the environment is ignored, if it is.
 pub fn env_warning() -> Option<String> {
-    match env_text(ENV_NUM_THREADS)? {
+    match crate::env::text(ENV_NUM_THREADS)? {
         Ok(raw) => parse_num_threads(&raw).err(),
         Err(warning) => Some(warning),
     }
@@ -139,7 +117,7 @@ pub fn parse_bind_threads(raw: &str) -> std::result::Result<bool, String> {
         "1" => Ok(true),
         _ => Err(format!(
             "{ENV_BIND_THREADS}={} is not 0 or 1; it is ignored (binding stays on)",
-            shown(raw)
+            crate::env::shown(raw)
         )),
     }
 }
@@ -151,7 +129,7 @@ pub fn parse_bind_threads(raw: &str) -> std::result::Result<bool, String> {
 pub fn bind_threads() -> bool {
     let mut v = BIND_CACHE.load(Ordering::Acquire);
     if v == 0 {
-        let on = match env_text(ENV_BIND_THREADS) {
+        let on = match crate::env::text(ENV_BIND_THREADS) {
             Some(Ok(raw)) => parse_bind_threads(&raw).unwrap_or(true),
             _ => true,
         };
@@ -164,7 +142,7 @@ pub fn bind_threads() -> bool {
 /// Why the `FERROQUANT_BIND_THREADS` value in the environment is ignored, if
 /// it is set to something else than `0` or `1`.
 pub fn bind_env_warning() -> Option<String> {
-    match env_text(ENV_BIND_THREADS)? {
+    match crate::env::text(ENV_BIND_THREADS)? {
         Ok(raw) => parse_bind_threads(&raw).err(),
         Err(warning) => Some(warning),
     }

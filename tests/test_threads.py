@@ -159,6 +159,8 @@ def test_workers_are_bound_to_cpus_when_the_pool_covers_them(bind, extra):
         ("FERROQUANT_BIND_THREADS", "\udcff"),  # the byte 0xff: not UTF-8
         ("FERROQUANT_BIND_THREADS", "x" * 100_000),
         ("FERROQUANT_NUM_THREADS", "\udcff"),
+        ("FERROQUANT_SIMD", "\udcff"),
+        ("FERROQUANT_SIMD", "x" * 100_000),
     ],
 )
 def test_bad_env_values_warn_once_in_one_short_line(name, value):

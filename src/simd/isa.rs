@@ -6,17 +6,26 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// Name of the environment variable that caps the instruction set.
 pub const ENV_SIMD: &str = "FERROQUANT_SIMD";
 
-/// Why the `FERROQUANT_SIMD` value in the environment is ignored, if it is.
+/// Parse a `FERROQUANT_SIMD` value: a tier name as [`Isa::name`] spells it
+/// (surrounding spaces allowed); anything else is ignored, with this message.
+pub fn parse_cap(raw: &str) -> std::result::Result<Isa, String> {
+    Isa::from_name(raw.trim()).ok_or_else(|| {
+        let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
+        format!(
+            "{ENV_SIMD}={} is not one of {}; it is ignored",
+            crate::env::shown(raw),
+            names.join(", ")
+        )
+    })
+}
+
+/// Why the `FERROQUANT_SIMD` value in the environment is ignored, if it is
+/// (not a tier's name, or not UTF-8 text).
 pub fn env_warning() -> Option<String> {
-    let raw = std::env::var(ENV_SIMD).ok()?;
-    if raw.trim().is_empty() || Isa::from_name(raw.trim()).is_some() {
-        return None;
+    match crate::env::text(ENV_SIMD)? {
+        Ok(raw) => parse_cap(&raw).err(),
+        Err(warning) => Some(warning),
     }
-    let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
-    Some(format!(
-        "{ENV_SIMD}={raw:?} is not one of {}; it is ignored",
-        names.join(", ")
-    ))
 }
 
 /// An instruction set the kernels can run on.
@@ -98,10 +107,10 @@ impl Isa {
         if let Some(&isa) = Isa::ALL.get((cached as usize).wrapping_sub(1)) {
             return isa;
         }
-        let cap = std::env::var(ENV_SIMD)
-            .ok()
-            .and_then(|v| Isa::from_name(v.trim()))
-            .unwrap_or(Isa::Avx512Vnni);
+        let cap = match crate::env::text(ENV_SIMD) {
+            Some(Ok(raw)) => parse_cap(&raw).unwrap_or(Isa::Avx512Vnni),
+            _ => Isa::Avx512Vnni,
+        };
         let isa = cap.usable();
         let index = Isa::ALL.iter().position(|&i| i == isa).unwrap_or(0);
         DETECTED.store(index as u8 + 1, Ordering::Release);
@@ -131,6 +140,18 @@ mod tests {
     fn detected_is_supported() {
         assert!(Isa::detected().is_supported());
         assert_eq!(Isa::supported()[0], Isa::Scalar);
+    }
+
+    #[test]
+    fn cap_values_are_parsed_strictly() {
+        assert_eq!(parse_cap(" avx2 "), Ok(Isa::Avx2));
+        assert_eq!(parse_cap("scalar"), Ok(Isa::Scalar));
+        for bad in ["AVX2", "avx9000", "avx2,scalar", "0"] {
+            let e = parse_cap(bad).unwrap_err();
+            assert!(e.contains(ENV_SIMD) && e.contains("ignored"), "{e}");
+        }
+        let e = parse_cap(&"x".repeat(100_000)).unwrap_err();
+        assert!(e.len() < 200, "{}", e.len());
     }
 
     #[test]
