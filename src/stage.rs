@@ -14,6 +14,26 @@ use crate::simd::{self, Affine, Isa, Range, Store};
 /// input 1.4x slower at 16M elements).
 pub const STAGE: usize = 4 * 1024;
 
+/// Elements of a long single-pass run coded at a time while the next span is
+/// prefetched (see [`spans_ahead`]).
+pub const AHEAD_SPAN: usize = 16 * 1024;
+
+/// `(offset, span, next span)` over `x` in spans of [`AHEAD_SPAN`]: a pass
+/// that streams a large run from memory codes one span while bringing the
+/// next toward the core, so the memory keeps working while it computes. On
+/// Zen 3 (AVX2, one thread, 16 Mi float32 from memory, interleaved): codes by
+/// a max-abs scale 5.2-5.3 ms in one call, 4.1-4.6 ms by spans.
+pub fn spans_ahead<T>(x: &[T]) -> impl Iterator<Item = (usize, &[T], &[T])> {
+    x.chunks(AHEAD_SPAN).enumerate().map(move |(k, xs)| {
+        let next = ((k + 1) * AHEAD_SPAN).min(x.len());
+        (
+            k * AHEAD_SPAN,
+            xs,
+            &x[next..(next + AHEAD_SPAN).min(x.len())],
+        )
+    })
+}
+
 /// Scratch space for one task: an f32 stage and an i8 stage.
 pub struct Scratch {
     /// Widened input.

@@ -523,9 +523,21 @@ fn per_tensor<T: Float>(
 /// The codes pass of a run (each task's share of pass 2).
 fn codes_run<T: Float>(isa: Isa, x: &[T], a: Affine, codes: &mut CodesMut<'_>, store: Store) {
     let mut scratch = Scratch::new();
+    // A span at a time, the next one prefetched meanwhile (spans are even, so
+    // int4 pairs never straddle two).
     match codes {
-        CodesMut::Int8(c) => stage::affine_codes(isa, x, a, c, &mut scratch, store, &[]),
-        CodesMut::Int4(c) => int4_run(isa, x, a, &mut Int4Writer::new(c, 0), &mut scratch, &[]),
+        CodesMut::Int8(c) => {
+            for (off, xs, ahead) in stage::spans_ahead(x) {
+                let cs = &mut c[off..off + xs.len()];
+                stage::affine_codes(isa, xs, a, cs, &mut scratch, store, ahead);
+            }
+        }
+        CodesMut::Int4(c) => {
+            let mut w = Int4Writer::new(c, 0);
+            for (_, xs, ahead) in stage::spans_ahead(x) {
+                int4_run(isa, xs, a, &mut w, &mut scratch, ahead);
+            }
+        }
     }
 }
 

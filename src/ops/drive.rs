@@ -109,7 +109,9 @@ pub(crate) fn split_quantize<T: Float, S: ScaleStore>(
 /// elements measured alike; a whole 32 MiB input and single rows were slower.
 /// On Zen 3 (512 KiB of L2), in one process against 64 Ki elements, 2048 x
 /// 4096 rows after a cache flush: 16 Ki 5-10 % faster on one thread and 9-18 %
-/// on two (32 Ki in between, 8 Ki slower again).
+/// on two (32 Ki in between, 8 Ki slower again). Tiers that fuse a row's
+/// codes with the next row's max ([`Isa::fuses_row_passes`]) take rows of up
+/// to this many elements one at a time instead.
 const L2_SPAN: usize = 16 * 1024;
 
 /// How groups are quantized: the ISA, the group length, the scale rule and
@@ -139,6 +141,14 @@ fn quantize_task<T: Float, S: ScaleStore>(
         // the memory idle half the time; two passes over all of `x` re-read it
         // from memory.
         let mut f32s = vec![0f32; scales.len()];
+        if plan.isa.fuses_row_passes() && bs <= L2_SPAN {
+            if let Err(i) = quantize_rows_fused(plan, xf, codes, &mut f32s) {
+                out.non_finite = Some(first_block * bs + i);
+                return out;
+            }
+            S::store(&f32s, scales, first_block, &mut out);
+            return out;
+        }
         let rows = (L2_SPAN / bs).max(1);
         let spans = xf
             .chunks(rows * bs)
@@ -200,6 +210,48 @@ fn quantize_task<T: Float, S: ScaleStore>(
         S::store(tmp, sg, first_block + g * group, &mut out);
     }
     out
+}
+
+/// Long groups (rows, tokens) of at most [`L2_SPAN`] values, on a tier that
+/// fuses a row's codes with the next row's max: row `r + 1` streams in from
+/// memory (prefetched while row `r - 1` was coded) while row `r` is coded
+/// from cache, and row `r + 2` is prefetched, so the memory never idles
+/// through a separate max pass. `Err(i)`: `x[i]` is the first non-finite
+/// value (every row before it is coded; none after).
+fn quantize_rows_fused(
+    plan: Plan,
+    x: &[f32],
+    codes: &mut [i8],
+    scales: &mut [f32],
+) -> std::result::Result<(), usize> {
+    let bs = plan.bs;
+    let row = |r: usize| &x[(r * bs).min(x.len())..((r + 1) * bs).min(x.len())];
+    let mut m = simd::absmax_bits_ahead(plan.isa, row(0), row(1));
+    for (r, (cb, s)) in codes.chunks_mut(bs).zip(scales.iter_mut()).enumerate() {
+        if m >= F32_INF_BITS {
+            return Err(r * bs + simd::scalar::first_non_finite(row(r)));
+        }
+        let scale = plan.rule.scale(f32::from_bits(m));
+        *s = scale;
+        let (next, ahead) = (row(r + 1), row(r + 2));
+        m = if scale > 0.0 {
+            let clip = plan.rule.clip;
+            simd::quantize_scaled_then_absmax(
+                plan.isa,
+                row(r),
+                scale,
+                clip,
+                cb,
+                plan.store,
+                next,
+                ahead,
+            )
+        } else {
+            cb.fill(0);
+            simd::absmax_bits_ahead(plan.isa, next, ahead)
+        };
+    }
+    Ok(())
 }
 
 /// Quantize one group of blocks to codes and f32 scales; `Err(i)` is the

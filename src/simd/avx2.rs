@@ -126,6 +126,67 @@ unsafe fn quant32(
     }
 }
 
+/// `clamp(round_half_away(v / s))` of a short run (a streaming head or a
+/// tail under 32 values): 8 lanes at a time, then one by one.
+#[inline(always)]
+unsafe fn quantize_scaled_short(x: &[f32], scale: f32, clip: f32, out: &mut [i8]) {
+    let mut xc = x.chunks_exact(8);
+    let mut oc = out.chunks_exact_mut(8);
+    // SAFETY: the caller runs with AVX2; loads read 8 floats of a full chunk,
+    // stores write the 8 bytes of the matching output chunk.
+    unsafe {
+        let s = _mm256_set1_ps(scale);
+        let clip = _mm256_set1_ps(clip);
+        for (c, o) in (&mut xc).zip(&mut oc) {
+            let q = quant8(_mm256_loadu_ps(c.as_ptr()), s, clip);
+            // i32 -> i16 -> i8 with saturation (values are already in range);
+            // the packs interleave 128-bit lanes, so lane 1's bytes sit at 4..8 of the high half.
+            let w = _mm256_packs_epi32(q, q);
+            let b = _mm256_packs_epi16(w, w);
+            let lo = _mm256_castsi256_si128(b);
+            let hi = _mm256_extracti128_si256::<1>(b);
+            _mm_storel_epi64(o.as_mut_ptr().cast(), _mm_unpacklo_epi32(lo, hi));
+        }
+    }
+    for (o, &v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
+        *o = quantize_one(v, scale, clip);
+    }
+}
+
+/// Bits of max |x| (see `Kernels::absmax_bits`); with `AHEAD`, a line of
+/// `ahead` prefetched for every 16 values read (the same rate). The loop
+/// without prefetches is a separate instance: an idle prefetch branch made
+/// per-channel ranges a few percent slower.
+#[inline(always)]
+unsafe fn absmax_run<const AHEAD: bool>(x: &[f32], ahead: &[f32]) -> u32 {
+    let mut ahead = ahead.chunks(16);
+    let mut chunks = x.chunks_exact(16);
+    // SAFETY: the caller runs with AVX2; loads read full chunks of `x`;
+    // prefetches only name addresses inside `ahead`.
+    let m = unsafe {
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for c in &mut chunks {
+            if AHEAD {
+                if let Some(line) = ahead.next() {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                }
+            }
+            let v0 = _mm256_loadu_si256(c.as_ptr().cast());
+            let v1 = _mm256_loadu_si256(c.as_ptr().add(8).cast());
+            a0 = _mm256_max_epu32(a0, _mm256_and_si256(v0, abs));
+            a1 = _mm256_max_epu32(a1, _mm256_and_si256(v1, abs));
+        }
+        let a = _mm256_max_epu32(a0, a1);
+        let h = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+        _mm_cvtsi128_si32(h) as u32
+    };
+    // SAFETY: the scalar kernels need no CPU features.
+    m.max(unsafe { Scalar::absmax_bits(chunks.remainder()) })
+}
+
 /// The [`Affine`] parameters broadcast to lanes.
 struct AffineLanes {
     inv: __m256d,
@@ -283,6 +344,16 @@ unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
             let b = pack32(codes32::<RANGE, CLAMP>(c.as_ptr(), l, f));
             _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
         }
+    }
+}
+
+/// Elements before `out` reaches a 64-byte boundary when `store` streams
+/// (at most `n`), else 0: streamed chunks then fill whole cache lines.
+#[inline(always)]
+fn stream_head(out: *const i8, n: usize, store: Store) -> usize {
+    match store {
+        Store::Streaming => ((out as usize).wrapping_neg() % 64).min(n),
+        Store::Cached => 0,
     }
 }
 
@@ -945,25 +1016,14 @@ impl Kernels for Avx2 {
 
     #[inline(always)]
     unsafe fn absmax_bits(x: &[f32]) -> u32 {
-        let mut chunks = x.chunks_exact(16);
-        // SAFETY: AVX2 per the Kernels contract; loads read full chunks of `x`.
-        let m = unsafe {
-            let abs = _mm256_set1_epi32(0x7fff_ffff);
-            let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            for c in &mut chunks {
-                let v0 = _mm256_loadu_si256(c.as_ptr().cast());
-                let v1 = _mm256_loadu_si256(c.as_ptr().add(8).cast());
-                a0 = _mm256_max_epu32(a0, _mm256_and_si256(v0, abs));
-                a1 = _mm256_max_epu32(a1, _mm256_and_si256(v1, abs));
-            }
-            let a = _mm256_max_epu32(a0, a1);
-            let h = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
-            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
-            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
-            _mm_cvtsi128_si32(h) as u32
-        };
-        // SAFETY: the scalar kernels need no CPU features.
-        m.max(unsafe { Scalar::absmax_bits(chunks.remainder()) })
+        // SAFETY: AVX2 per the Kernels contract.
+        unsafe { absmax_run::<false>(x, &[]) }
+    }
+
+    #[inline(always)]
+    unsafe fn absmax_bits_ahead(x: &[f32], ahead: &[f32]) -> u32 {
+        // SAFETY: AVX2 per the Kernels contract.
+        unsafe { absmax_run::<true>(x, ahead) }
     }
 
     #[inline(always)]
@@ -1068,17 +1128,28 @@ impl Kernels for Avx2 {
         scale: f32,
         clip: f32,
         out: &mut [i8],
-        _store: Store,
+        store: Store,
         ahead: &[f32],
     ) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
+        // Streaming: a head up to a 64-byte boundary of `out` goes the cached
+        // way, then whole 32-byte chunks bypass the cache (a cached store
+        // first reads every line it writes: a fifth more traffic per row).
+        let head = stream_head(out.as_ptr(), n, store);
+        let stream = matches!(store, Store::Streaming);
+        let (xh, x) = x.split_at(head);
+        let (oh, out) = out.split_at_mut(head);
+        // SAFETY: AVX2 per the Kernels contract.
+        unsafe { quantize_scaled_short(xh, scale, clip, oh) };
         let mut ahead = ahead.chunks(16);
         let mut xc = x.chunks_exact(32);
         let mut oc = out.chunks_exact_mut(32);
         // SAFETY: AVX2 per the Kernels contract; 32 floats read and 32 bytes
-        // written per full chunk; prefetches only name addresses inside
-        // `ahead` (two lines for every 32 values coded: the same rate).
+        // written per full chunk; streamed chunks are 32-byte aligned (the
+        // head aligned `out`, chunks are 32 bytes) and fenced before
+        // returning. Prefetches only name addresses inside `ahead` (two
+        // lines for every 32 values coded: the same rate).
         unsafe {
             let (s, clipv) = (_mm256_set1_ps(scale), _mm256_set1_ps(clip));
             let bounds = clip_bytes(clip);
@@ -1091,30 +1162,92 @@ impl Kernels for Avx2 {
                     _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
                 }
                 let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
-                _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
+                if stream {
+                    _mm256_stream_si256(o.as_mut_ptr().cast(), q);
+                } else {
+                    _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
+                }
             }
+            if stream {
+                _mm_sfence();
+            }
+            quantize_scaled_short(xc.remainder(), scale, clip, oc.into_remainder());
         }
-        let (x, out) = (xc.remainder(), oc.into_remainder());
-        let mut xc = x.chunks_exact(8);
-        let mut oc = out.chunks_exact_mut(8);
-        // SAFETY: AVX2 per the Kernels contract; loads read 8 floats of a full
-        // chunk, stores write the 8 bytes of the matching output chunk.
+    }
+
+    #[inline(always)]
+    unsafe fn quantize_scaled_then_absmax(
+        x: &[f32],
+        scale: f32,
+        clip: f32,
+        out: &mut [i8],
+        store: Store,
+        next: &[f32],
+        ahead: &[f32],
+    ) -> u32 {
+        // One loop: each 32 codes of `x` (from cache) beside 32 values of
+        // `next` (streaming in from memory, prefetched a row earlier) and two
+        // lines of `ahead` prefetched, so the memory never waits for a
+        // separate max pass.
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let head = stream_head(out.as_ptr(), n, store);
+        let stream = matches!(store, Store::Streaming);
+        let (xh, x) = x.split_at(head);
+        let (oh, out) = out.split_at_mut(head);
+        let pairs = (x.len() / 32).min(next.len() / 32);
+        let (xf, xrest) = x.split_at(32 * pairs);
+        let (of, orest) = out.split_at_mut(32 * pairs);
+        let (nf, nrest) = next.split_at(32 * pairs);
+        let (af, arest) = ahead.split_at((32 * pairs).min(ahead.len()));
+        // SAFETY: AVX2 per the Kernels contract; each step reads 32 floats of
+        // `x` and of `next` and writes 32 bytes of `out`, all inside the
+        // equal-length prefixes split above; streamed chunks are 32-byte
+        // aligned (the head aligned `out`, chunks are 32 bytes) and fenced
+        // before returning. Prefetches only name addresses inside `af`.
+        let m = unsafe {
+            quantize_scaled_short(xh, scale, clip, oh);
+            let (s, clipv) = (_mm256_set1_ps(scale), _mm256_set1_ps(clip));
+            let bounds = clip_bytes(clip);
+            // The reciprocal form needs a normal scale and reciprocal.
+            let recip = 1.0 / scale;
+            let fast = scale.is_normal() && recip.is_normal();
+            let r = _mm256_set1_ps(recip);
+            let abs = _mm256_set1_epi32(0x7fff_ffff);
+            let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            let mut lines = af.chunks(16);
+            let steps = xf.chunks_exact(32).zip(of.chunks_exact_mut(32));
+            for ((c, o), v) in steps.zip(nf.chunks_exact(32)) {
+                for line in (&mut lines).take(2) {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                }
+                let p = v.as_ptr();
+                let v0 = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs);
+                let v1 = _mm256_and_si256(_mm256_loadu_si256(p.add(8).cast()), abs);
+                let v2 = _mm256_and_si256(_mm256_loadu_si256(p.add(16).cast()), abs);
+                let v3 = _mm256_and_si256(_mm256_loadu_si256(p.add(24).cast()), abs);
+                a0 = _mm256_max_epu32(a0, _mm256_max_epu32(v0, v2));
+                a1 = _mm256_max_epu32(a1, _mm256_max_epu32(v1, v3));
+                let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
+                if stream {
+                    _mm256_stream_si256(o.as_mut_ptr().cast(), q);
+                } else {
+                    _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
+                }
+            }
+            if stream {
+                _mm_sfence();
+            }
+            let a = _mm256_max_epu32(a0, a1);
+            let h = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+            _mm_cvtsi128_si32(h) as u32
+        };
+        // SAFETY: AVX2 per the Kernels contract (this tier's own kernels).
         unsafe {
-            let s = _mm256_set1_ps(scale);
-            let clip = _mm256_set1_ps(clip);
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                let q = quant8(_mm256_loadu_ps(c.as_ptr()), s, clip);
-                // i32 -> i16 -> i8 with saturation (values are already in range);
-                // the packs interleave 128-bit lanes, so lane 1's bytes sit at 4..8 of the high half.
-                let w = _mm256_packs_epi32(q, q);
-                let b = _mm256_packs_epi16(w, w);
-                let lo = _mm256_castsi256_si128(b);
-                let hi = _mm256_extracti128_si256::<1>(b);
-                _mm_storel_epi64(o.as_mut_ptr().cast(), _mm_unpacklo_epi32(lo, hi));
-            }
-        }
-        for (o, &v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
-            *o = quantize_one(v, scale, clip);
+            Self::quantize_scaled_ahead(xrest, scale, clip, orest, store, &[]);
+            m.max(Self::absmax_bits_ahead(nrest, arest))
         }
     }
 

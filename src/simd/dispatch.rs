@@ -152,6 +152,15 @@ primitive!(
     absmax_bits(x: &[f32]) -> u32
 );
 primitive!(
+    /// Codes of `x` by `scale` (as `quantize_scaled`), then the bits of max
+    /// |x| of `next`, bringing `ahead` toward the core meanwhile.
+    quantize_scaled_then_absmax(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store, next: &[f32], ahead: &[f32]) -> u32
+);
+primitive!(
+    /// `absmax_bits`, bringing `ahead` toward the core meanwhile.
+    absmax_bits_ahead(x: &[f32], ahead: &[f32]) -> u32
+);
+primitive!(
     /// `out[i] = clamp(round(x[i] / scale), -clip, clip)` (scale > 0).
     quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store) -> ()
 );

@@ -193,6 +193,12 @@ pub(crate) trait Kernels {
     /// Largest `bits(x) & 0x7fff_ffff` over `x` (0 for empty): the bits of
     /// max |x|, and `>= F32_INF_BITS` iff some element is NaN or infinite.
     unsafe fn absmax_bits(x: &[f32]) -> u32;
+    /// `absmax_bits`, bringing `ahead` toward the core meanwhile.
+    unsafe fn absmax_bits_ahead(x: &[f32], ahead: &[f32]) -> u32 {
+        let _ = ahead;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::absmax_bits(x) }
+    }
     /// `out[i] = clamp(round_half_away(x[i] / scale), -clip, clip)`.
     unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store);
     /// `quantize_scaled`, bringing `ahead` toward the core meanwhile.
@@ -207,6 +213,26 @@ pub(crate) trait Kernels {
         let _ = ahead;
         // SAFETY: forwarded from this function's contract.
         unsafe { Self::quantize_scaled(x, scale, clip, out, store) }
+    }
+    /// `quantize_scaled_ahead(x, ..)`, then `absmax_bits(next)`: codes of one
+    /// row and the max |x| of the next, `ahead` (the row after) brought
+    /// toward the core meanwhile. A tier may fuse the two loops, so the next
+    /// row streams from memory while this one is coded from cache.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn quantize_scaled_then_absmax(
+        x: &[f32],
+        scale: f32,
+        clip: f32,
+        out: &mut [i8],
+        store: Store,
+        next: &[f32],
+        ahead: &[f32],
+    ) -> u32 {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            Self::quantize_scaled_ahead(x, scale, clip, out, store, ahead);
+            Self::absmax_bits(next)
+        }
     }
     /// Exact integer dot products of int8 rows with int8 tokens:
     /// `out[r * tokens + t] = Σ_i w[r·k + i] · a[t·k + i]` for the first

@@ -452,7 +452,14 @@ fn outputs_large_enough_to_stream_match_scalar() {
     let int8 = QuantConfig::int8();
     // Streaming stores are used on one thread only; check both.
     with_threads(&[1, 2], |_| {
-        for c in [int8, int8.asymmetric(), QuantConfig::int8_per_channel()] {
+        let int4 = QuantConfig::int4();
+        for c in [
+            int8,
+            int8.asymmetric(),
+            QuantConfig::int8_per_channel(),
+            int4,
+            int4.asymmetric(),
+        ] {
             for shape in [vec![n], vec![rows, cols]] {
                 let fast = run(Isa::detected(), &x, &shape, c).unwrap();
                 assert_eq!(fast, run(Isa::Scalar, &x, &shape, c).unwrap(), "{c:?}");

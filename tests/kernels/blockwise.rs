@@ -207,6 +207,103 @@ fn reciprocal_shortcut_matches_division() {
 }
 
 #[test]
+fn streaming_codes_match_scalar_at_every_line_offset() {
+    // Streaming stores start at the output's first 64-byte boundary: every
+    // offset within a line, every length around the 32-value chunk, with
+    // and without a prefetched run ahead; bytes around the output untouched.
+    let x = near_ties(300, 0.37, 5);
+    let ahead = near_ties(300, 1.0, 9);
+    for isa in Isa::supported() {
+        for n in [0usize, 1, 8, 31, 32, 33, 63, 64, 65, 100, 130, 200, 300] {
+            let mut want = vec![0i8; n];
+            simd::quantize_scaled(Isa::Scalar, &x[..n], 0.37, 127.0, &mut want, Store::Cached);
+            for off in 0..64 {
+                for ahead in [&[][..], &ahead[..]] {
+                    let mut buf = vec![0x55i8; off + n + 64];
+                    let out = &mut buf[off..off + n];
+                    let st = Store::Streaming;
+                    simd::quantize_scaled_ahead(isa, &x[..n], 0.37, 127.0, out, st, ahead);
+                    assert_eq!(&buf[off..off + n], &want[..], "{isa:?} n {n} offset {off}");
+                    assert!(buf[..off].iter().chain(&buf[off + n..]).all(|&b| b == 0x55));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_codes_and_next_max_match_scalar() {
+    // A row's codes with the next row's max read beside them: rows and next
+    // rows of unequal lengths (either may be empty or have a tail), next
+    // rows holding NaN or infinity, cached and streamed at every line offset.
+    let x = near_ties(300, 0.37, 5);
+    let mut next = adversarial(300, 3);
+    let ahead = near_ties(300, 1.0, 9);
+    for isa in Isa::supported() {
+        for n in [0usize, 1, 31, 32, 33, 64, 100, 257] {
+            for m in [0usize, 1, 31, 32, 33, 64, 100, 257] {
+                for poison in [None, Some(f32::NAN), Some(f32::NEG_INFINITY)] {
+                    let saved = next[m / 2];
+                    if let (Some(p), true) = (poison, m > 0) {
+                        next[m / 2] = p;
+                    }
+                    let mut want = vec![0i8; n];
+                    simd::quantize_scaled(
+                        Isa::Scalar,
+                        &x[..n],
+                        0.37,
+                        127.0,
+                        &mut want,
+                        Store::Cached,
+                    );
+                    let want_m = simd::absmax_bits(Isa::Scalar, &next[..m]);
+                    for (off, st) in [
+                        (0, Store::Cached),
+                        (5, Store::Streaming),
+                        (40, Store::Streaming),
+                    ] {
+                        for a in [&[][..], &ahead[..m.min(ahead.len())]] {
+                            let mut buf = vec![0x55i8; off + n + 64];
+                            let got_m = simd::quantize_scaled_then_absmax(
+                                isa,
+                                &x[..n],
+                                0.37,
+                                127.0,
+                                &mut buf[off..off + n],
+                                st,
+                                &next[..m],
+                                a,
+                            );
+                            assert_eq!(
+                                &buf[off..off + n],
+                                &want[..],
+                                "{isa:?} n {n} m {m} off {off}"
+                            );
+                            assert!(buf[..off].iter().chain(&buf[off + n..]).all(|&b| b == 0x55));
+                            assert_eq!(got_m, want_m, "{isa:?} n {n} m {m} {poison:?}");
+                        }
+                    }
+                    next[m / 2] = saved;
+                }
+            }
+        }
+        // The next row's max at every position, beside a row long enough to
+        // pair every chunk of it.
+        for m in [33usize, 100, 257] {
+            for at in 0..m {
+                let mut nx = next[..m].to_vec();
+                nx[at] = -3.0e30;
+                let mut out = vec![0i8; 300];
+                let st = Store::Cached;
+                let got =
+                    simd::quantize_scaled_then_absmax(isa, &x, 0.37, 127.0, &mut out, st, &nx, &[]);
+                assert_eq!(got, (3.0e30f32).to_bits(), "{isa:?} m {m} at {at}");
+            }
+        }
+    }
+}
+
+#[test]
 fn non_finite_index_is_the_same_on_every_isa() {
     for isa in Isa::supported() {
         for n in [1usize, 15, 16, 17, 64, 1000, 100_000] {

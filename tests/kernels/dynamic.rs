@@ -177,6 +177,103 @@ fn the_first_non_finite_index_does_not_depend_on_the_thread_count() {
     }
 }
 
+/// Rows of at least 4096 values are coded a row at a time: on tiers that
+/// fuse the passes, the next row's max is read beside this row's codes (up
+/// to 16 Ki values a row; longer rows take spans of two passes). Lengths
+/// around the 32-value chunk, all-zero rows, the last row, both limits.
+#[test]
+fn long_rows_match_scalar_on_every_isa() {
+    for cols in [4096usize, 4097, 4099, 4127, 4128, 5000, 16384, 16385, 20000] {
+        for rows in [1usize, 2, 3, 5] {
+            let mut x = values(rows * cols, (rows * 31 + cols) as u64);
+            if rows >= 3 {
+                x[cols..2 * cols].fill(0.0);
+                x[(rows - 1) * cols..].fill(-0.0);
+            }
+            let shape = [rows, cols];
+            let want = run(
+                Isa::Scalar,
+                &x,
+                &shape,
+                DynFormat::Int8PerRow,
+                ScaleMode::MaxAbs,
+            );
+            for bits in [8, 2] {
+                let (mut c2, mut s2) = (vec![0i8; x.len()], vec![0f32; rows]);
+                quantize_activations_with(Isa::Scalar, &x, cols, bits, &mut c2, &mut s2).unwrap();
+                for isa in Isa::supported() {
+                    let (mut c1, mut s1) = (vec![0i8; x.len()], vec![0f32; rows]);
+                    quantize_activations_with(isa, &x, cols, bits, &mut c1, &mut s1).unwrap();
+                    assert!(c1 == c2 && s1 == s2, "bitnet {isa:?} {bits} {shape:?}");
+                }
+            }
+            for isa in Isa::supported() {
+                let got = run(isa, &x, &shape, DynFormat::Int8PerRow, ScaleMode::MaxAbs);
+                assert!(got == want, "{isa:?} {shape:?}");
+            }
+        }
+    }
+}
+
+/// The first non-finite value of long rows is the one reported, wherever it
+/// sits (first row, a later row, the last value), with another after it.
+#[test]
+fn long_rows_report_the_first_non_finite_value_on_every_isa() {
+    for cols in [4096usize, 4099, 20000] {
+        let rows = 4;
+        for at in [0, 17, cols + 5, 2 * cols - 1, 3 * cols, rows * cols - 1] {
+            let mut x = values(rows * cols, 3);
+            x[at] = f32::NAN;
+            if at + 1 < x.len() {
+                x[rows * cols - 1] = f32::INFINITY;
+            }
+            for isa in Isa::supported() {
+                let (mut c, mut s) = (vec![0i8; x.len()], vec![0f32; rows]);
+                let e = dynamic_quantize_with(
+                    isa,
+                    &x,
+                    &[rows, cols],
+                    DynFormat::Int8PerRow,
+                    ScaleMode::MaxAbs,
+                    DynCodesMut::Int8(&mut c),
+                    &mut s,
+                )
+                .unwrap_err();
+                assert_eq!(e.to_string(), errs_string(at), "{isa:?} cols {cols}");
+                let e = quantize_activations_with(isa, &x, cols, 8, &mut c, &mut s).unwrap_err();
+                assert_eq!(e.to_string(), errs_string(at), "bitnet {isa:?} cols {cols}");
+            }
+        }
+    }
+}
+
+/// A per-row output of at least 8 MiB is written with streaming stores on
+/// one thread: the same codes as the scalar path, on one and two threads.
+#[test]
+fn streamed_long_rows_match_scalar() {
+    let (rows, cols) = (2049, 4100);
+    let x = values(rows * cols, 21);
+    let want = run(
+        Isa::Scalar,
+        &x,
+        &[rows, cols],
+        DynFormat::Int8PerRow,
+        ScaleMode::MaxAbs,
+    );
+    for isa in Isa::supported() {
+        let outs = with_threads(&[1, 2], |_| {
+            run(
+                isa,
+                &x,
+                &[rows, cols],
+                DynFormat::Int8PerRow,
+                ScaleMode::MaxAbs,
+            )
+        });
+        assert!(outs.iter().all(|o| *o == want), "{isa:?}");
+    }
+}
+
 fn errs_string(i: usize) -> String {
     format!("x holds a non-finite value (NaN or ±inf) at flat index {i}")
 }
