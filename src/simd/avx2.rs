@@ -1191,10 +1191,16 @@ impl Kernels for Avx2 {
         // separate max pass.
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
-        let head = stream_head(out.as_ptr(), n, store);
-        let stream = matches!(store, Store::Streaming);
+        // Loads of both rows 32-byte aligned (a load across two lines costs
+        // two): heads of each go the short way. Codes stream only when that
+        // leaves them 32-byte aligned too, else they take cached stores.
+        let head = ((x.as_ptr() as usize).wrapping_neg() % 32 / 4).min(n);
+        let stream =
+            matches!(store, Store::Streaming) && (out.as_ptr() as usize + head).is_multiple_of(32);
         let (xh, x) = x.split_at(head);
         let (oh, out) = out.split_at_mut(head);
+        let nhead = ((next.as_ptr() as usize).wrapping_neg() % 32 / 4).min(next.len());
+        let (nh, next) = next.split_at(nhead);
         let pairs = (x.len() / 32).min(next.len() / 32);
         let (xf, xrest) = x.split_at(32 * pairs);
         let (of, orest) = out.split_at_mut(32 * pairs);
@@ -1247,6 +1253,7 @@ impl Kernels for Avx2 {
         // SAFETY: AVX2 per the Kernels contract (this tier's own kernels).
         unsafe {
             Self::quantize_scaled_ahead(xrest, scale, clip, orest, store, &[]);
+            let m = m.max(Scalar::absmax_bits(nh));
             m.max(Self::absmax_bits_ahead(nrest, arest))
         }
     }
