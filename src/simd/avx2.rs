@@ -126,6 +126,33 @@ unsafe fn quant32(
     }
 }
 
+/// The largest of 8 unsigned 32-bit lanes.
+#[inline(always)]
+unsafe fn hmax_epu32(a: __m256i) -> u32 {
+    // SAFETY: the caller runs with AVX2.
+    unsafe {
+        let h = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+        _mm_cvtsi128_si32(h) as u32
+    }
+}
+
+/// Store 32 code bytes at `o`: streamed (the caller guarantees 32-byte
+/// alignment and fences after the run) or cached.
+#[inline(always)]
+unsafe fn store32(o: *mut i8, q: __m256i, stream: bool) {
+    // SAFETY: the caller runs with AVX2, `o` has 32 writable bytes, and is
+    // 32-byte aligned when `stream`.
+    unsafe {
+        if stream {
+            _mm256_stream_si256(o.cast(), q);
+        } else {
+            _mm256_storeu_si256(o.cast(), q);
+        }
+    }
+}
+
 /// `clamp(round_half_away(v / s))` of a short run (a streaming head or a
 /// tail under 32 values): 8 lanes at a time, then one by one.
 #[inline(always)]
@@ -177,11 +204,7 @@ unsafe fn absmax_run<const AHEAD: bool>(x: &[f32], ahead: &[f32]) -> u32 {
             a0 = _mm256_max_epu32(a0, _mm256_and_si256(v0, abs));
             a1 = _mm256_max_epu32(a1, _mm256_and_si256(v1, abs));
         }
-        let a = _mm256_max_epu32(a0, a1);
-        let h = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
-        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
-        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
-        _mm_cvtsi128_si32(h) as u32
+        hmax_epu32(_mm256_max_epu32(a0, a1))
     };
     // SAFETY: the scalar kernels need no CPU features.
     m.max(unsafe { Scalar::absmax_bits(chunks.remainder()) })
@@ -1162,11 +1185,7 @@ impl Kernels for Avx2 {
                     _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
                 }
                 let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
-                if stream {
-                    _mm256_stream_si256(o.as_mut_ptr().cast(), q);
-                } else {
-                    _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
-                }
+                store32(o.as_mut_ptr(), q, stream);
             }
             if stream {
                 _mm_sfence();
@@ -1235,20 +1254,12 @@ impl Kernels for Avx2 {
                 a0 = _mm256_max_epu32(a0, _mm256_max_epu32(v0, v2));
                 a1 = _mm256_max_epu32(a1, _mm256_max_epu32(v1, v3));
                 let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
-                if stream {
-                    _mm256_stream_si256(o.as_mut_ptr().cast(), q);
-                } else {
-                    _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
-                }
+                store32(o.as_mut_ptr(), q, stream);
             }
             if stream {
                 _mm_sfence();
             }
-            let a = _mm256_max_epu32(a0, a1);
-            let h = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
-            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
-            let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
-            _mm_cvtsi128_si32(h) as u32
+            hmax_epu32(_mm256_max_epu32(a0, a1))
         };
         // SAFETY: AVX2 per the Kernels contract (this tier's own kernels).
         unsafe {
