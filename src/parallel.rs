@@ -144,7 +144,7 @@ pub fn bind_threads() -> bool {
 pub fn bind_env_warning() -> Option<String> {
     match crate::env::text(ENV_BIND_THREADS)? {
         Ok(raw) => parse_bind_threads(&raw).err(),
-        Err(warning) => Some(warning),
+        Err(warning) => Some(format!("{warning} (binding stays on)")),
     }
 }
 

@@ -153,6 +153,57 @@ unsafe fn store32(o: *mut i8, q: __m256i, stream: bool) {
     }
 }
 
+/// `quantize_scaled_ahead` for one store kind. Streaming: a head up to a
+/// 64-byte boundary of `out` goes the cached way, then whole 32-byte chunks
+/// bypass the cache (a cached store first reads every line it writes).
+#[inline(always)]
+unsafe fn scaled_run<const STREAM: bool>(
+    x: &[f32],
+    scale: f32,
+    clip: f32,
+    out: &mut [i8],
+    ahead: &[f32],
+) {
+    let n = x.len().min(out.len());
+    let (x, out) = (&x[..n], &mut out[..n]);
+    let head = if STREAM {
+        ((out.as_ptr() as usize).wrapping_neg() % 64).min(n)
+    } else {
+        0
+    };
+    let (xh, x) = x.split_at(head);
+    let (oh, out) = out.split_at_mut(head);
+    let mut ahead = ahead.chunks(16);
+    let mut xc = x.chunks_exact(32);
+    let mut oc = out.chunks_exact_mut(32);
+    let streamed = STREAM && xc.len() > 0;
+    // SAFETY: the caller runs with AVX2; 32 floats read and 32 bytes written
+    // per full chunk; streamed chunks are 32-byte aligned (the head aligned
+    // `out`, chunks are 32 bytes) and fenced before returning. Prefetches
+    // only name addresses inside `ahead` (two lines for every 32 values
+    // coded: the same rate).
+    unsafe {
+        quantize_scaled_short(xh, scale, clip, oh);
+        let (s, clipv) = (_mm256_set1_ps(scale), _mm256_set1_ps(clip));
+        let bounds = clip_bytes(clip);
+        // The reciprocal form needs a normal scale and reciprocal.
+        let recip = 1.0 / scale;
+        let fast = scale.is_normal() && recip.is_normal();
+        let r = _mm256_set1_ps(recip);
+        for (c, o) in (&mut xc).zip(&mut oc) {
+            for line in (&mut ahead).take(2) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
+            store32(o.as_mut_ptr(), q, STREAM);
+        }
+        if streamed {
+            _mm_sfence();
+        }
+        quantize_scaled_short(xc.remainder(), scale, clip, oc.into_remainder());
+    }
+}
+
 /// `clamp(round_half_away(v / s))` of a short run (a streaming head or a
 /// tail under 32 values): 8 lanes at a time, then one by one.
 #[inline(always)]
@@ -180,12 +231,13 @@ unsafe fn quantize_scaled_short(x: &[f32], scale: f32, clip: f32, out: &mut [i8]
     }
 }
 
-/// Bits of max |x| (see `Kernels::absmax_bits`); with `AHEAD`, a line of
-/// `ahead` prefetched for every 16 values read (the same rate). The loop
-/// without prefetches is a separate instance: an idle prefetch branch made
-/// per-channel ranges a few percent slower.
+/// Bits of max |x| (see `Kernels::absmax_bits`), a line of `ahead`
+/// prefetched for every 16 values read (the same rate). `absmax_bits` keeps
+/// its own loop: sharing this one (an idle prefetch branch, or the same loop
+/// through one more inlined call) cost per-channel ranges and blockwise a
+/// few percent.
 #[inline(always)]
-unsafe fn absmax_run<const AHEAD: bool>(x: &[f32], ahead: &[f32]) -> u32 {
+unsafe fn absmax_run_ahead(x: &[f32], ahead: &[f32]) -> u32 {
     let mut ahead = ahead.chunks(16);
     let mut chunks = x.chunks_exact(16);
     // SAFETY: the caller runs with AVX2; loads read full chunks of `x`;
@@ -194,10 +246,8 @@ unsafe fn absmax_run<const AHEAD: bool>(x: &[f32], ahead: &[f32]) -> u32 {
         let abs = _mm256_set1_epi32(0x7fff_ffff);
         let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for c in &mut chunks {
-            if AHEAD {
-                if let Some(line) = ahead.next() {
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-                }
+            if let Some(line) = ahead.next() {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
             }
             let v0 = _mm256_loadu_si256(c.as_ptr().cast());
             let v1 = _mm256_loadu_si256(c.as_ptr().add(8).cast());
@@ -367,16 +417,6 @@ unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
             let b = pack32(codes32::<RANGE, CLAMP>(c.as_ptr(), l, f));
             _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
         }
-    }
-}
-
-/// Elements before `out` reaches a 64-byte boundary when `store` streams
-/// (at most `n`), else 0: streamed chunks then fill whole cache lines.
-#[inline(always)]
-fn stream_head(out: *const i8, n: usize, store: Store) -> usize {
-    match store {
-        Store::Streaming => ((out as usize).wrapping_neg() % 64).min(n),
-        Store::Cached => 0,
     }
 }
 
@@ -1039,14 +1079,27 @@ impl Kernels for Avx2 {
 
     #[inline(always)]
     unsafe fn absmax_bits(x: &[f32]) -> u32 {
-        // SAFETY: AVX2 per the Kernels contract.
-        unsafe { absmax_run::<false>(x, &[]) }
+        let mut chunks = x.chunks_exact(16);
+        // SAFETY: AVX2 per the Kernels contract; loads read full chunks of `x`.
+        let m = unsafe {
+            let abs = _mm256_set1_epi32(0x7fff_ffff);
+            let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for c in &mut chunks {
+                let v0 = _mm256_loadu_si256(c.as_ptr().cast());
+                let v1 = _mm256_loadu_si256(c.as_ptr().add(8).cast());
+                a0 = _mm256_max_epu32(a0, _mm256_and_si256(v0, abs));
+                a1 = _mm256_max_epu32(a1, _mm256_and_si256(v1, abs));
+            }
+            hmax_epu32(_mm256_max_epu32(a0, a1))
+        };
+        // SAFETY: the scalar kernels need no CPU features.
+        m.max(unsafe { Scalar::absmax_bits(chunks.remainder()) })
     }
 
     #[inline(always)]
     unsafe fn absmax_bits_ahead(x: &[f32], ahead: &[f32]) -> u32 {
         // SAFETY: AVX2 per the Kernels contract.
-        unsafe { absmax_run::<true>(x, ahead) }
+        unsafe { absmax_run_ahead(x, ahead) }
     }
 
     #[inline(always)]
@@ -1154,43 +1207,14 @@ impl Kernels for Avx2 {
         store: Store,
         ahead: &[f32],
     ) {
-        let n = x.len().min(out.len());
-        let (x, out) = (&x[..n], &mut out[..n]);
-        // Streaming: a head up to a 64-byte boundary of `out` goes the cached
-        // way, then whole 32-byte chunks bypass the cache (a cached store
-        // first reads every line it writes: a fifth more traffic per row).
-        let head = stream_head(out.as_ptr(), n, store);
-        let stream = matches!(store, Store::Streaming);
-        let (xh, x) = x.split_at(head);
-        let (oh, out) = out.split_at_mut(head);
+        // One loop instance per store kind: a per-chunk branch on it cost
+        // blockwise (a call every 64 values) 1-4 %.
         // SAFETY: AVX2 per the Kernels contract.
-        unsafe { quantize_scaled_short(xh, scale, clip, oh) };
-        let mut ahead = ahead.chunks(16);
-        let mut xc = x.chunks_exact(32);
-        let mut oc = out.chunks_exact_mut(32);
-        // SAFETY: AVX2 per the Kernels contract; 32 floats read and 32 bytes
-        // written per full chunk; streamed chunks are 32-byte aligned (the
-        // head aligned `out`, chunks are 32 bytes) and fenced before
-        // returning. Prefetches only name addresses inside `ahead` (two
-        // lines for every 32 values coded: the same rate).
         unsafe {
-            let (s, clipv) = (_mm256_set1_ps(scale), _mm256_set1_ps(clip));
-            let bounds = clip_bytes(clip);
-            // The reciprocal form needs a normal scale and reciprocal.
-            let recip = 1.0 / scale;
-            let fast = scale.is_normal() && recip.is_normal();
-            let r = _mm256_set1_ps(recip);
-            for (c, o) in (&mut xc).zip(&mut oc) {
-                for line in (&mut ahead).take(2) {
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-                }
-                let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
-                store32(o.as_mut_ptr(), q, stream);
+            match store {
+                Store::Cached => scaled_run::<false>(x, scale, clip, out, ahead),
+                Store::Streaming => scaled_run::<true>(x, scale, clip, out, ahead),
             }
-            if stream {
-                _mm_sfence();
-            }
-            quantize_scaled_short(xc.remainder(), scale, clip, oc.into_remainder());
         }
     }
 
@@ -1256,7 +1280,7 @@ impl Kernels for Avx2 {
                 let q = quant32(c.as_ptr(), s, r, fast, clipv, bounds);
                 store32(o.as_mut_ptr(), q, stream);
             }
-            if stream {
+            if stream && pairs > 0 {
                 _mm_sfence();
             }
             hmax_epu32(_mm256_max_epu32(a0, a1))

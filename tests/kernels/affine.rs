@@ -466,12 +466,12 @@ fn outputs_large_enough_to_stream_match_scalar() {
         ];
         for (c, shapes) in cases {
             for shape in shapes {
-                let fast = run(Isa::detected(), &x, &shape, c).unwrap();
-                assert_eq!(fast, run(Isa::Scalar, &x, &shape, c).unwrap(), "{c:?}");
+                let fast = run(Isa::detected(), &x, shape, c).unwrap();
+                assert_eq!(fast, run(Isa::Scalar, &x, shape, c).unwrap(), "{c:?}");
                 // 4 bytes an element: 8 Mi elements and more stream their values too.
                 assert_eq!(
-                    values::<f32>(Isa::detected(), &fast, &shape, c, n),
-                    values::<f32>(Isa::Scalar, &fast, &shape, c, n),
+                    values::<f32>(Isa::detected(), &fast, shape, c, n),
+                    values::<f32>(Isa::Scalar, &fast, shape, c, n),
                     "{c:?}"
                 );
             }

@@ -287,6 +287,28 @@ fn fused_codes_and_next_max_match_scalar() {
                 }
             }
         }
+        // Rows at every 4-byte offset of a 32-byte boundary against codes at
+        // every byte offset: some pairs leave the codes aligned after the
+        // rows' head, and those stream.
+        for xo in 0..8 {
+            for oo in 0..32 {
+                let (xs, ns) = (&x[xo..xo + 200], &next[xo..xo + 150]);
+                let mut want = vec![0i8; 200];
+                simd::quantize_scaled(Isa::Scalar, xs, 0.37, 127.0, &mut want, Store::Cached);
+                let mut buf = vec![0x55i8; oo + 200 + 64];
+                let st = Store::Streaming;
+                let out = &mut buf[oo..oo + 200];
+                let m =
+                    simd::quantize_scaled_then_absmax(isa, xs, 0.37, 127.0, out, st, ns, &ahead);
+                assert_eq!(
+                    &buf[oo..oo + 200],
+                    &want[..],
+                    "{isa:?} rows +{xo} codes +{oo}"
+                );
+                assert!(buf[..oo].iter().chain(&buf[oo + 200..]).all(|&b| b == 0x55));
+                assert_eq!(m, simd::absmax_bits(Isa::Scalar, ns), "{isa:?} +{xo} +{oo}");
+            }
+        }
         // The next row's max at every position, beside a row long enough to
         // pair every chunk of it.
         for m in [33usize, 100, 257] {
