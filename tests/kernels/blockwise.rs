@@ -211,10 +211,14 @@ fn streaming_codes_match_scalar_at_every_line_offset() {
     // Streaming stores start at the output's first 64-byte boundary: every
     // offset within a line, every length around the 32-value chunk, with
     // and without a prefetched run ahead; bytes around the output untouched.
-    let x = near_ties(300, 0.37, 5);
+    // Runs long enough that every tier streams them (AVX2 declines the hint
+    // below 16 Ki values) as well as short ones.
+    let x = near_ties(20_000, 0.37, 5);
     let ahead = near_ties(300, 1.0, 9);
     for isa in Isa::supported() {
-        for n in [0usize, 1, 8, 31, 32, 33, 63, 64, 65, 100, 130, 200, 300] {
+        for n in [
+            0usize, 1, 8, 31, 32, 33, 63, 64, 65, 100, 130, 200, 300, 16_384, 16_417, 20_000,
+        ] {
             let mut want = vec![0i8; n];
             simd::quantize_scaled(Isa::Scalar, &x[..n], 0.37, 127.0, &mut want, Store::Cached);
             for off in 0..64 {
