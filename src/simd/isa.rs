@@ -84,7 +84,7 @@ impl Isa {
     /// row's max read beside this row's codes) rather than in spans of two
     /// passes. The AVX2 tier fuses the loops: on Zen 3, 2048 x 4096 float32
     /// per row after a cache flush, in one process against the spans, 4-13 %
-    /// faster on one thread from Rust, 3-5 % from Python (NumPy's arrays sit
+    /// faster on one thread from Rust, 0-5 % from Python (NumPy's arrays sit
     /// 16 bytes past a line). AVX-512 keeps the spans measured on Zen 4 until
     /// the fused form is measured there; scalar gains nothing from fusing.
     pub fn fuses_row_passes(self) -> bool {
