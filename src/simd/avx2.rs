@@ -11,6 +11,48 @@ use std::arch::x86_64::*;
 /// The AVX2 ISA marker.
 pub(crate) struct Avx2;
 
+/// The cache lines of a slice that a loop brings toward the core ahead of
+/// use, in order: a bare pointer walk, so a loop pays a compare and a
+/// prefetch a line (the slice iterator's bookkeeping cost more than the
+/// prefetch itself in the affine loop). Only addresses inside the slice are
+/// named.
+struct Lines {
+    next: *const f32,
+    end: *const f32,
+}
+
+impl Lines {
+    #[inline(always)]
+    fn new(ahead: &[f32]) -> Self {
+        let r = ahead.as_ptr_range();
+        Lines {
+            next: r.start,
+            end: r.end,
+        }
+    }
+
+    /// Prefetch the next line (16 floats), if the slice has one.
+    #[inline(always)]
+    unsafe fn one(&mut self) {
+        if self.next < self.end {
+            // SAFETY: the caller runs with SSE (any x86-64); a prefetch
+            // reads nothing architecturally.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.next.cast()) };
+            self.next = self.next.wrapping_add(16);
+        }
+    }
+
+    /// Prefetch the next two lines (32 floats), as far as the slice goes.
+    #[inline(always)]
+    unsafe fn two(&mut self) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            self.one();
+            self.one();
+        }
+    }
+}
+
 /// `clamp(round_half_away(v / s), -127, 127)` as i32 lanes (see avx512::quant16).
 #[inline(always)]
 unsafe fn quant8(v: __m256, s: __m256, clip: __m256) -> __m256i {
@@ -214,7 +256,7 @@ unsafe fn scaled_run<const STREAM: bool>(
     };
     let (xh, x) = x.split_at(head);
     let (oh, out) = out.split_at_mut(head);
-    let mut ahead = ahead.chunks(16);
+    let mut ahead = Lines::new(ahead);
     let mut xc = x.chunks_exact(32);
     let mut oc = out.chunks_exact_mut(32);
     let streamed = STREAM && xc.len() > 0;
@@ -227,9 +269,7 @@ unsafe fn scaled_run<const STREAM: bool>(
         quantize_scaled_short(xh, scale, clip, oh);
         let lanes = ScaledLanes::new(scale, clip);
         for (c, o) in (&mut xc).zip(&mut oc) {
-            for line in (&mut ahead).take(2) {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-            }
+            ahead.two();
             let q = lanes.codes32(c.as_ptr());
             store32(o.as_mut_ptr(), q, STREAM);
         }
@@ -274,7 +314,7 @@ unsafe fn quantize_scaled_short(x: &[f32], scale: f32, clip: f32, out: &mut [i8]
 /// control 0.96-1.01x).
 #[inline(always)]
 unsafe fn absmax_run<const AHEAD: bool>(x: &[f32], ahead: &[f32]) -> u32 {
-    let mut ahead = ahead.chunks(16);
+    let mut ahead = Lines::new(ahead);
     let mut chunks = x.chunks_exact(16);
     // SAFETY: the caller runs with AVX2; loads read full chunks of `x`;
     // prefetches only name addresses inside `ahead`.
@@ -283,9 +323,7 @@ unsafe fn absmax_run<const AHEAD: bool>(x: &[f32], ahead: &[f32]) -> u32 {
         let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for c in &mut chunks {
             if AHEAD {
-                if let Some(line) = ahead.next() {
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-                }
+                ahead.one();
             }
             let v0 = _mm256_loadu_si256(c.as_ptr().cast());
             let v1 = _mm256_loadu_si256(c.as_ptr().add(8).cast());
@@ -348,10 +386,13 @@ struct FastLanes {
     clamp: bool,
     inv: __m256,
     zp: __m256,
-    lim: __m256,
-    margin: __m256,
-    qmin: __m256,
-    qmax: __m256,
+    /// `F32_FAST_LIMIT`'s bits: `|m|`'s bits above them fail the range check.
+    lim: __m256i,
+    /// `F32_FAST_MARGIN`'s bits: `|y - rne(y)|`'s bits above them flag a lane.
+    margin: __m256i,
+    /// `qmin` and `qmax` as bytes.
+    qmin: __m256i,
+    qmax: __m256i,
 }
 
 impl FastLanes {
@@ -365,73 +406,93 @@ impl FastLanes {
                 clamp: !a.f32_within_codes(),
                 inv: _mm256_set1_ps(inv),
                 zp: _mm256_set1_ps(zp),
-                lim: _mm256_set1_ps(F32_FAST_LIMIT),
-                margin: _mm256_set1_ps(F32_FAST_MARGIN),
-                qmin: _mm256_set1_ps(a.qmin as f32),
-                qmax: _mm256_set1_ps(a.qmax as f32),
+                lim: _mm256_set1_epi32(F32_FAST_LIMIT.to_bits() as i32),
+                margin: _mm256_set1_epi32(F32_FAST_MARGIN.to_bits() as i32),
+                qmin: _mm256_set1_epi8(a.qmin as i8),
+                qmax: _mm256_set1_epi8(a.qmax as i8),
             })
         }
     }
 }
 
-/// Affine codes of 8 f32 lanes as i32 lanes, exactly as `scalar::affine_one`:
-/// the f32 shortcut where it is provably exact (`kernels::F32_FAST_LIMIT`),
-/// else the f64 form.
+/// The shortcut for 8 f32 lanes: `rne(y)` with `y = fl32(fl32(v·inv) + zp)` as
+/// i32 lanes (MXCSR's default rounding; kernels run in the default
+/// environment, see `fpenv`), the bits of `|y - rne(y)|` (exact: `rne(y)` is
+/// an integer within 0.5 of `y`), and the bits of `|v·inv|`. Non-negative
+/// floats order as their bits do, and a NaN's or infinity's bits exceed
+/// every finite bound, so the caller compares the largest bits of several
+/// vectors (`vpmaxud`) once.
 #[inline(always)]
-///
-/// `RANGE = false` / `CLAMP = false` leave out the range check / the clamp
-/// where the map's bound proves them idle (`Affine::f32_in_range`,
-/// `Affine::f32_within_codes`; `FastLanes` says which); with no shortcut
-/// they do not matter.
-unsafe fn affine8_f32<const RANGE: bool, const CLAMP: bool>(
-    v: __m256,
-    l: &AffineLanes,
-    fast: Option<&FastLanes>,
-) -> __m256i {
+unsafe fn affine8_fast(v: __m256, f: &FastLanes) -> (__m256i, __m256i, __m256i) {
     // SAFETY: the caller runs with AVX2.
     unsafe {
-        if let Some(f) = fast {
-            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-            let m = _mm256_mul_ps(v, f.inv);
-            let y = _mm256_add_ps(m, f.zp);
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
-            let mut flag =
-                _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(_mm256_sub_ps(y, r), abs), f.margin);
-            if RANGE {
-                let large = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(m, abs), f.lim);
-                flag = _mm256_or_ps(flag, large);
-            }
-            if _mm256_movemask_ps(flag) == 0 {
-                let r = if CLAMP {
-                    _mm256_min_ps(_mm256_max_ps(r, f.qmin), f.qmax)
-                } else {
-                    r
-                };
-                return _mm256_cvttps_epi32(r);
-            }
-        }
-        let lo = affine4(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), l);
-        let hi = affine4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)), l);
-        _mm256_set_m128i(hi, lo)
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let m = _mm256_mul_ps(v, f.inv);
+        let y = _mm256_add_ps(m, f.zp);
+        let q = _mm256_cvtps_epi32(y);
+        let e = _mm256_sub_ps(y, _mm256_cvtepi32_ps(q));
+        let e = _mm256_and_si256(_mm256_castps_si256(e), abs);
+        (q, e, _mm256_and_si256(_mm256_castps_si256(m), abs))
     }
 }
 
-/// The codes of the 32 floats at `x` as four vectors of i32 lanes.
+/// 32 affine codes of the floats at `x` as bytes in order, exactly as
+/// `scalar::affine_one`: the f32 shortcut when no lane of the 32 is near a
+/// half-integer or (with `RANGE`) out of its range, else the f64 form.
+///
+/// The shortcut's code is `rne(y)`, which is the seed's code whenever `y` is
+/// at most `F32_FAST_MARGIN` from an integer (see `F32_FAST_LIMIT`); a tie
+/// is 0.5 away, so flagged. Codes are narrowed with saturation, which keeps
+/// their order, so clamping the bytes to `[qmin, qmax]` (with `CLAMP`)
+/// equals clamping the integers. `RANGE = false` / `CLAMP = false` leave out
+/// checks the map's bound proves idle (`Affine::f32_in_range`,
+/// `Affine::f32_within_codes`).
 #[inline(always)]
-unsafe fn codes32<const RANGE: bool, const CLAMP: bool>(
+unsafe fn affine32<const RANGE: bool, const CLAMP: bool>(
     x: *const f32,
     l: &AffineLanes,
     f: Option<&FastLanes>,
-) -> [__m256i; 4] {
+) -> __m256i {
     // SAFETY: the caller guarantees 32 readable floats at `x` and AVX2.
     unsafe {
-        [
-            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x), l, f),
-            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x.add(8)), l, f),
-            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x.add(16)), l, f),
-            affine8_f32::<RANGE, CLAMP>(_mm256_loadu_ps(x.add(24)), l, f),
-        ]
+        if let Some(f) = f {
+            let (a, ea, ma) = affine8_fast(_mm256_loadu_ps(x), f);
+            let (b, eb, mb) = affine8_fast(_mm256_loadu_ps(x.add(8)), f);
+            let (c, ec, mc) = affine8_fast(_mm256_loadu_ps(x.add(16)), f);
+            let (d, ed, md) = affine8_fast(_mm256_loadu_ps(x.add(24)), f);
+            let e = _mm256_max_epu32(_mm256_max_epu32(ea, eb), _mm256_max_epu32(ec, ed));
+            let mut flag = _mm256_cmpgt_epi32(e, f.margin);
+            if RANGE {
+                let m = _mm256_max_epu32(_mm256_max_epu32(ma, mb), _mm256_max_epu32(mc, md));
+                flag = _mm256_or_si256(flag, _mm256_cmpgt_epi32(m, f.lim));
+            }
+            if _mm256_movemask_epi8(flag) == 0 {
+                let q = pack32([a, b, c, d]);
+                return if CLAMP {
+                    _mm256_min_epi8(_mm256_max_epi8(q, f.qmin), f.qmax)
+                } else {
+                    q
+                };
+            }
+        }
+        affine32_f64(x, l)
     }
+}
+
+/// 32 affine codes of the floats at `x` as bytes in order, in the f64 form
+/// (`affine4`): the shortcut's fallback, out of the loop's way.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn affine32_f64(x: *const f32, l: &AffineLanes) -> __m256i {
+    let four = |i: usize| {
+        // SAFETY: the caller guarantees 32 readable floats at `x`; AVX2 is
+        // enabled for this function.
+        unsafe { affine4(_mm256_cvtps_pd(_mm_loadu_ps(x.add(4 * i))), l) }
+    };
+    let q = |i: usize| _mm256_set_m128i(four(2 * i + 1), four(2 * i));
+    // SAFETY: AVX2 is enabled for this function.
+    unsafe { pack32([q(0), q(1), q(2), q(3)]) }
 }
 
 /// The full 32-value chunks of an affine int8 run: codes narrowed in
@@ -442,17 +503,15 @@ unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
     oc: &mut std::slice::ChunksExactMut<'_, i8>,
     l: &AffineLanes,
     f: Option<&FastLanes>,
-    ahead: &mut std::slice::Chunks<'_, f32>,
+    ahead: &mut Lines,
 ) {
     // SAFETY: AVX2 per the caller; 32 floats read and 32 bytes written per
-    // chunk (the iterators' own); the saturating packs are exact (codes are
-    // within i8); prefetches only name addresses inside `ahead`.
+    // chunk (the iterators' own); prefetches only name addresses inside
+    // `ahead`.
     unsafe {
         for (c, o) in xc.zip(oc) {
-            for line in ahead.take(2) {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-            }
-            let b = pack32(codes32::<RANGE, CLAMP>(c.as_ptr(), l, f));
+            ahead.two();
+            let b = affine32::<RANGE, CLAMP>(c.as_ptr(), l, f);
             _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
         }
     }
@@ -467,21 +526,18 @@ unsafe fn int4_32_run<const RANGE: bool, const CLAMP: bool>(
     oc: &mut std::slice::ChunksExactMut<'_, u8>,
     l: &AffineLanes,
     f: Option<&FastLanes>,
-    ahead: &mut std::slice::Chunks<'_, f32>,
+    ahead: &mut Lines,
 ) {
     // SAFETY: AVX2 per the caller; 32 floats read and 16 bytes written per
-    // chunk (the iterators' own). The saturating packs are exact (codes are
-    // within -8..=7), and so is packus (every 16-bit lane is at most 0xff).
-    // Prefetches only name addresses inside `ahead`.
+    // chunk (the iterators' own). packus is exact (every 16-bit lane is at
+    // most 0xff). Prefetches only name addresses inside `ahead`.
     unsafe {
         let low = _mm256_set1_epi8(0x0f);
         // (even & 15) + 16·(odd & 15) in each 16-bit lane.
         let weights = _mm256_set1_epi16(0x1001);
         for (c, o) in xc.zip(oc) {
-            for line in ahead.take(2) {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-            }
-            let b = pack32(codes32::<RANGE, CLAMP>(c.as_ptr(), l, f));
+            ahead.two();
+            let b = affine32::<RANGE, CLAMP>(c.as_ptr(), l, f);
             let pairs = _mm256_maddubs_epi16(_mm256_and_si256(b, low), weights);
             let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
             _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(p));
@@ -1288,12 +1344,10 @@ impl Kernels for Avx2 {
             let lanes = ScaledLanes::new(scale, clip);
             let abs = _mm256_set1_epi32(0x7fff_ffff);
             let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            let mut lines = af.chunks(16);
+            let mut lines = Lines::new(af);
             let steps = xf.chunks_exact(32).zip(of.chunks_exact_mut(32));
             for ((c, o), v) in steps.zip(nf.chunks_exact(32)) {
-                for line in (&mut lines).take(2) {
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-                }
+                lines.two();
                 let p = v.as_ptr();
                 let v0 = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs);
                 let v1 = _mm256_and_si256(_mm256_loadu_si256(p.add(8).cast()), abs);
@@ -1489,13 +1543,14 @@ impl Kernels for Avx2 {
     ) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);
-        let mut ahead = ahead.chunks(16);
+        let mut ahead = Lines::new(ahead);
         let mut xc = x.chunks_exact(32);
         let mut oc = out.chunks_exact_mut(32);
         // SAFETY: AVX2 per the Kernels contract; 32 floats read and 32 bytes
-        // written per full chunk. The saturating packs are exact: codes are
-        // already within i8. Prefetches only name addresses inside `ahead`
-        // (two lines for every 32 values coded: the same rate).
+        // written per full chunk, 8 and 8 per tail chunk. The saturating packs
+        // are exact: codes are already within i8. Prefetches only name
+        // addresses inside `ahead` (two lines for every 32 values coded: the
+        // same rate).
         unsafe {
             let l = AffineLanes::new(a);
             let fast = FastLanes::new(a);
@@ -1509,13 +1564,11 @@ impl Kernels for Avx2 {
             let (x, out) = (xc.remainder(), oc.into_remainder());
             let mut xc = x.chunks_exact(8);
             let mut oc = out.chunks_exact_mut(8);
+            // A tail under 32 values: the f64 form, 8 lanes at a time.
             for (c, o) in (&mut xc).zip(&mut oc) {
-                let q = affine8_f32::<true, true>(_mm256_loadu_ps(c.as_ptr()), &l, f);
-                store8(
-                    _mm256_castsi256_si128(q),
-                    _mm256_extracti128_si256::<1>(q),
-                    o.as_mut_ptr(),
-                );
+                let lo = affine4(_mm256_cvtps_pd(_mm_loadu_ps(c.as_ptr())), &l);
+                let hi = affine4(_mm256_cvtps_pd(_mm_loadu_ps(c.as_ptr().add(4))), &l);
+                store8(lo, hi, o.as_mut_ptr());
             }
             // SAFETY: the scalar kernels need no CPU features.
             Scalar::affine_quantize_f32(xc.remainder(), a, oc.into_remainder(), store);
@@ -1532,7 +1585,7 @@ impl Kernels for Avx2 {
     unsafe fn affine_quantize_int4_f32_ahead(x: &[f32], a: Affine, out: &mut [u8], ahead: &[f32]) {
         let n = (x.len() / 2).min(out.len());
         let (x, out) = (&x[..2 * n], &mut out[..n]);
-        let mut ahead = ahead.chunks(16);
+        let mut ahead = Lines::new(ahead);
         let mut xc = x.chunks_exact(32);
         let mut oc = out.chunks_exact_mut(16);
         // SAFETY: AVX2 per the Kernels contract; 32 floats read and 16 bytes

@@ -349,6 +349,22 @@ fn the_f32_shortcut_agrees_with_f64_next_to_every_half_integer() {
             assert_eq!(p, q, "{isa:?} {a:?}");
             simd::affine_quantize_f32(isa, &x, tight, &mut p, Store::Streaming);
             assert_eq!(p, q, "{isa:?} {tight:?}");
+            // Packed straight from registers: the same codes, packed.
+            let (mut packed, mut want) = (vec![0u8; x.len() / 2], vec![0u8; x.len() / 2]);
+            simd::pack_int4(
+                Isa::Scalar,
+                &q.iter().map(|&c| c.clamp(-8, 7)).collect::<Vec<_>>(),
+                &mut want,
+            );
+            let a4 = |a: Affine| Affine {
+                qmin: a.qmin.max(-8.0),
+                qmax: a.qmax.min(7.0),
+                ..a
+            };
+            for b in [a4(a), a4(tight)] {
+                simd::affine_quantize_int4_f32(isa, &x, b, &mut packed);
+                assert_eq!(packed, want, "int4 {isa:?} {b:?}");
+            }
         }
     }
 }
