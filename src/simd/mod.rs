@@ -13,7 +13,13 @@
 //!   dispatcher, an exhaustive match over tiers.
 //! - `fpenv.rs`: the floating-point environment kernels compute in.
 //!
-//! Every SIMD path reproduces the scalar one bit for bit (tests/simd_parity.rs).
+//! Every SIMD path reproduces the scalar one bit for bit (`tests/kernels/`).
+//!
+//! Primitives compute in the default floating-point environment (round to
+//! nearest even, no flush-to-zero, no denormals-are-zero): several convert
+//! with the current rounding mode (`vcvtps2dq`). The drivers in `ops/` pin
+//! it for the call ([`fpenv::Pinned`]); a caller of these primitives that may
+//! run under another MXCSR does the same.
 
 #![allow(unsafe_code)]
 
