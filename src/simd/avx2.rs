@@ -384,6 +384,9 @@ struct FastLanes {
     range: bool,
     /// Whether a code can leave `[qmin, qmax]` (`!Affine::f32_within_codes`).
     clamp: bool,
+    /// Whether the zero point is 0 (every symmetric map): `m + 0 = m` for
+    /// every `m` but -0, whose code is 0 as well, so the add is left out.
+    zero: bool,
     inv: __m256,
     zp: __m256,
     /// `F32_FAST_LIMIT`'s bits: `|m|`'s bits above them fail the range check.
@@ -404,6 +407,7 @@ impl FastLanes {
             Some(FastLanes {
                 range: !a.f32_in_range(),
                 clamp: !a.f32_within_codes(),
+                zero: zp == 0.0,
                 inv: _mm256_set1_ps(inv),
                 zp: _mm256_set1_ps(zp),
                 lim: _mm256_set1_epi32(F32_FAST_LIMIT.to_bits() as i32),
@@ -423,12 +427,12 @@ impl FastLanes {
 /// every finite bound, so the caller compares the largest bits of several
 /// vectors (`vpmaxud`) once.
 #[inline(always)]
-unsafe fn affine8_fast(v: __m256, f: &FastLanes) -> (__m256i, __m256i, __m256i) {
+unsafe fn affine8_fast<const ZP: bool>(v: __m256, f: &FastLanes) -> (__m256i, __m256i, __m256i) {
     // SAFETY: the caller runs with AVX2.
     unsafe {
         let abs = _mm256_set1_epi32(0x7fff_ffff);
         let m = _mm256_mul_ps(v, f.inv);
-        let y = _mm256_add_ps(m, f.zp);
+        let y = if ZP { _mm256_add_ps(m, f.zp) } else { m };
         let q = _mm256_cvtps_epi32(y);
         let e = _mm256_sub_ps(y, _mm256_cvtepi32_ps(q));
         let e = _mm256_and_si256(_mm256_castps_si256(e), abs);
@@ -446,9 +450,10 @@ unsafe fn affine8_fast(v: __m256, f: &FastLanes) -> (__m256i, __m256i, __m256i) 
 /// their order, so clamping the bytes to `[qmin, qmax]` (with `CLAMP`)
 /// equals clamping the integers. `RANGE = false` / `CLAMP = false` leave out
 /// checks the map's bound proves idle (`Affine::f32_in_range`,
-/// `Affine::f32_within_codes`).
+/// `Affine::f32_within_codes`); `ZP = false` leaves out the add of a zero
+/// point that is 0 (`FastLanes::zero`).
 #[inline(always)]
-unsafe fn affine32<const RANGE: bool, const CLAMP: bool>(
+unsafe fn affine32<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
     x: *const f32,
     l: &AffineLanes,
     f: Option<&FastLanes>,
@@ -456,10 +461,10 @@ unsafe fn affine32<const RANGE: bool, const CLAMP: bool>(
     // SAFETY: the caller guarantees 32 readable floats at `x` and AVX2.
     unsafe {
         if let Some(f) = f {
-            let (a, ea, ma) = affine8_fast(_mm256_loadu_ps(x), f);
-            let (b, eb, mb) = affine8_fast(_mm256_loadu_ps(x.add(8)), f);
-            let (c, ec, mc) = affine8_fast(_mm256_loadu_ps(x.add(16)), f);
-            let (d, ed, md) = affine8_fast(_mm256_loadu_ps(x.add(24)), f);
+            let (a, ea, ma) = affine8_fast::<ZP>(_mm256_loadu_ps(x), f);
+            let (b, eb, mb) = affine8_fast::<ZP>(_mm256_loadu_ps(x.add(8)), f);
+            let (c, ec, mc) = affine8_fast::<ZP>(_mm256_loadu_ps(x.add(16)), f);
+            let (d, ed, md) = affine8_fast::<ZP>(_mm256_loadu_ps(x.add(24)), f);
             let e = _mm256_max_epu32(_mm256_max_epu32(ea, eb), _mm256_max_epu32(ec, ed));
             let mut flag = _mm256_cmpgt_epi32(e, f.margin);
             if RANGE {
@@ -498,7 +503,7 @@ unsafe fn affine32_f64(x: *const f32, l: &AffineLanes) -> __m256i {
 /// The full 32-value chunks of an affine int8 run: codes narrowed in
 /// registers and stored 32 at a time, two lines of `ahead` prefetched a chunk.
 #[inline(always)]
-unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
+unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
     xc: &mut std::slice::ChunksExact<'_, f32>,
     oc: &mut std::slice::ChunksExactMut<'_, i8>,
     l: &AffineLanes,
@@ -511,7 +516,7 @@ unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
     unsafe {
         for (c, o) in xc.zip(oc) {
             ahead.two();
-            let b = affine32::<RANGE, CLAMP>(c.as_ptr(), l, f);
+            let b = affine32::<RANGE, CLAMP, ZP>(c.as_ptr(), l, f);
             _mm256_storeu_si256(o.as_mut_ptr().cast(), b);
         }
     }
@@ -521,7 +526,7 @@ unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool>(
 /// registers, paired into bytes by `maddubs` and stored 16 bytes at a time,
 /// two lines of `ahead` prefetched a chunk.
 #[inline(always)]
-unsafe fn int4_32_run<const RANGE: bool, const CLAMP: bool>(
+unsafe fn int4_32_run<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
     xc: &mut std::slice::ChunksExact<'_, f32>,
     oc: &mut std::slice::ChunksExactMut<'_, u8>,
     l: &AffineLanes,
@@ -537,7 +542,7 @@ unsafe fn int4_32_run<const RANGE: bool, const CLAMP: bool>(
         let weights = _mm256_set1_epi16(0x1001);
         for (c, o) in xc.zip(oc) {
             ahead.two();
-            let b = affine32::<RANGE, CLAMP>(c.as_ptr(), l, f);
+            let b = affine32::<RANGE, CLAMP, ZP>(c.as_ptr(), l, f);
             let pairs = _mm256_maddubs_epi16(_mm256_and_si256(b, low), weights);
             let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
             _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(p));
@@ -1556,10 +1561,17 @@ impl Kernels for Avx2 {
             let fast = FastLanes::new(a);
             let f = fast.as_ref();
             let (xs, os) = (&mut xc, &mut oc);
-            match f.map(|f| (f.range, f.clamp)) {
-                Some((false, false)) => affine32_run::<false, false>(xs, os, &l, f, &mut ahead),
-                Some((false, true)) => affine32_run::<false, true>(xs, os, &l, f, &mut ahead),
-                _ => affine32_run::<true, true>(xs, os, &l, f, &mut ahead),
+            match f.map(|f| (f.range, f.clamp, f.zero)) {
+                Some((false, false, true)) => {
+                    affine32_run::<false, false, false>(xs, os, &l, f, &mut ahead)
+                }
+                Some((false, false, false)) => {
+                    affine32_run::<false, false, true>(xs, os, &l, f, &mut ahead)
+                }
+                Some((false, true, _)) => {
+                    affine32_run::<false, true, true>(xs, os, &l, f, &mut ahead)
+                }
+                _ => affine32_run::<true, true, true>(xs, os, &l, f, &mut ahead),
             }
             let (x, out) = (xc.remainder(), oc.into_remainder());
             let mut xc = x.chunks_exact(8);
@@ -1597,10 +1609,17 @@ impl Kernels for Avx2 {
             let fast = FastLanes::new(a);
             let f = fast.as_ref();
             let (xs, os) = (&mut xc, &mut oc);
-            match f.map(|f| (f.range, f.clamp)) {
-                Some((false, false)) => int4_32_run::<false, false>(xs, os, &l, f, &mut ahead),
-                Some((false, true)) => int4_32_run::<false, true>(xs, os, &l, f, &mut ahead),
-                _ => int4_32_run::<true, true>(xs, os, &l, f, &mut ahead),
+            match f.map(|f| (f.range, f.clamp, f.zero)) {
+                Some((false, false, true)) => {
+                    int4_32_run::<false, false, false>(xs, os, &l, f, &mut ahead)
+                }
+                Some((false, false, false)) => {
+                    int4_32_run::<false, false, true>(xs, os, &l, f, &mut ahead)
+                }
+                Some((false, true, _)) => {
+                    int4_32_run::<false, true, true>(xs, os, &l, f, &mut ahead)
+                }
+                _ => int4_32_run::<true, true, true>(xs, os, &l, f, &mut ahead),
             }
         }
         let rest = xc.remainder();

@@ -49,9 +49,10 @@ pub struct Affine {
     pub inv: f64,
     /// The zero point (an integer value).
     pub zp: f64,
-    /// The smallest code.
+    /// The smallest code: an integer within i8 (SIMD paths prove codes
+    /// in range from it, and clamp as bytes).
     pub qmin: f64,
-    /// The largest code.
+    /// The largest code: an integer within i8, as `qmin`.
     pub qmax: f64,
     /// An upper bound on `|x|` over every value the codes are computed from
     /// (`f64::INFINITY` when unknown): SIMD paths drop checks it proves cannot
