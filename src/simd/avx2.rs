@@ -13,9 +13,9 @@ pub(crate) struct Avx2;
 
 /// The cache lines of a slice that a loop brings toward the core ahead of
 /// use, in order: a bare pointer walk, so a loop pays a compare and a
-/// prefetch a line (the slice iterator's bookkeeping cost more than the
-/// prefetch itself in the affine loop). Only addresses inside the slice are
-/// named.
+/// prefetch a line (stepping a `chunks(16)` iterator through `take(2)` took
+/// about fifteen scalar instructions a step). Only addresses inside the
+/// slice are named.
 struct Lines {
     next: *const f32,
     end: *const f32,
