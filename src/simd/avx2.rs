@@ -159,13 +159,21 @@ unsafe fn quant32(
                 return _mm256_min_epi8(_mm256_max_epi8(pack32([a, b, c, d]), lo), hi);
             }
         }
-        pack32([
-            quant8(v[0], s, clip),
-            quant8(v[1], s, clip),
-            quant8(v[2], s, clip),
-            quant8(v[3], s, clip),
-        ])
+        quant32_div(x, s, clip)
     }
+}
+
+/// `quant32` by division: its fallback, out of the loop's way (inlined, it
+/// doubled the loop and its constants spilled the fast path's registers).
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn quant32_div(x: *const f32, s: __m256, clip: __m256) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable floats at `x`; AVX2 is
+    // enabled for this function.
+    let q = |i: usize| unsafe { quant8(_mm256_loadu_ps(x.add(8 * i)), s, clip) };
+    // SAFETY: AVX2 is enabled for this function.
+    unsafe { pack32([q(0), q(1), q(2), q(3)]) }
 }
 
 /// The largest of 8 unsigned 32-bit lanes.
