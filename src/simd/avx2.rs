@@ -508,6 +508,21 @@ unsafe fn affine32_f64(x: *const f32, l: &AffineLanes) -> __m256i {
     unsafe { pack32([q(0), q(1), q(2), q(3)]) }
 }
 
+/// Runs the instance of an affine run (`RANGE`, `CLAMP`, `ZP`) that the
+/// shortcut's lanes call for: the checks the map's bound proves idle left
+/// out, the add of a zero zero point too; no shortcut takes every check (the
+/// f64 form, where they do not matter).
+macro_rules! shortcut_instance {
+    ($run:ident, $fast:expr, $($arg:expr),*) => {
+        match $fast.map(|f| (f.range, f.clamp, f.zero)) {
+            Some((false, false, true)) => $run::<false, false, false>($($arg),*),
+            Some((false, false, false)) => $run::<false, false, true>($($arg),*),
+            Some((false, true, _)) => $run::<false, true, true>($($arg),*),
+            _ => $run::<true, true, true>($($arg),*),
+        }
+    };
+}
+
 /// The full 32-value chunks of an affine int8 run: codes narrowed in
 /// registers and stored 32 at a time, two lines of `ahead` prefetched a chunk.
 #[inline(always)]
@@ -1569,18 +1584,7 @@ impl Kernels for Avx2 {
             let fast = FastLanes::new(a);
             let f = fast.as_ref();
             let (xs, os) = (&mut xc, &mut oc);
-            match f.map(|f| (f.range, f.clamp, f.zero)) {
-                Some((false, false, true)) => {
-                    affine32_run::<false, false, false>(xs, os, &l, f, &mut ahead)
-                }
-                Some((false, false, false)) => {
-                    affine32_run::<false, false, true>(xs, os, &l, f, &mut ahead)
-                }
-                Some((false, true, _)) => {
-                    affine32_run::<false, true, true>(xs, os, &l, f, &mut ahead)
-                }
-                _ => affine32_run::<true, true, true>(xs, os, &l, f, &mut ahead),
-            }
+            shortcut_instance!(affine32_run, f, xs, os, &l, f, &mut ahead);
             let (x, out) = (xc.remainder(), oc.into_remainder());
             let mut xc = x.chunks_exact(8);
             let mut oc = out.chunks_exact_mut(8);
@@ -1609,26 +1613,14 @@ impl Kernels for Avx2 {
         let mut xc = x.chunks_exact(32);
         let mut oc = out.chunks_exact_mut(16);
         // SAFETY: AVX2 per the Kernels contract; 32 floats read and 16 bytes
-        // written per full chunk. The saturating packs are exact (codes are
-        // within -8..=7), and so is packus (every 16-bit lane is at most 0xff).
-        // Prefetches only name addresses inside `ahead`.
+        // written per full chunk (`int4_32_run`'s own contract). Prefetches
+        // only name addresses inside `ahead`.
         unsafe {
             let l = AffineLanes::new(a);
             let fast = FastLanes::new(a);
             let f = fast.as_ref();
             let (xs, os) = (&mut xc, &mut oc);
-            match f.map(|f| (f.range, f.clamp, f.zero)) {
-                Some((false, false, true)) => {
-                    int4_32_run::<false, false, false>(xs, os, &l, f, &mut ahead)
-                }
-                Some((false, false, false)) => {
-                    int4_32_run::<false, false, true>(xs, os, &l, f, &mut ahead)
-                }
-                Some((false, true, _)) => {
-                    int4_32_run::<false, true, true>(xs, os, &l, f, &mut ahead)
-                }
-                _ => int4_32_run::<true, true, true>(xs, os, &l, f, &mut ahead),
-            }
+            shortcut_instance!(int4_32_run, f, xs, os, &l, f, &mut ahead);
         }
         let rest = xc.remainder();
         let mut codes = [0i8; 32];
