@@ -278,6 +278,90 @@ fn streaming_stores_match_scalar_at_every_alignment() {
     }
 }
 
+/// Dequantizing with any zero point and scale gives the scalar bits on every
+/// ISA: integer zero points (AVX2 forms `q − zp` exactly without converting,
+/// up to 2^40 in magnitude), non-integer, huge and non-finite ones (the
+/// converting form), and scales whose products are subnormal, overflow
+/// float32 or are NaN. Every code, in every position of a 16-code step.
+#[test]
+fn dequantize_matches_scalar_for_every_zero_point_and_scale() {
+    let two40 = (1u64 << 40) as f64;
+    let zps = [
+        0.0,
+        -0.0,
+        1.0,
+        -3.0,
+        127.0,
+        -128.0,
+        255.0,
+        -256.0,
+        12345.0,
+        two40 - 1.0,
+        -(two40 - 1.0),
+        two40,
+        -two40,
+        two40 + 1.0,
+        1e15,
+        // 1.5 · 2^52 + zp is not a double here (odd, above 2^53).
+        2_251_799_813_685_249.0,
+        3_000_000_000_000_001.0,
+        -9.007_199_254_740_993e15,
+        1e300,
+        0.5,
+        -2.25,
+        127.5,
+        1e-300,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    ];
+    let scales = [
+        0.0371,
+        1.0 / 3.0,
+        -0.37,
+        0.0,
+        1e-45,
+        3e-39,
+        1e30,
+        3.4e38 / 200.0,
+        f64::MAX,
+        f64::MIN_POSITIVE,
+        f64::NAN,
+        f64::INFINITY,
+    ];
+    // Every code, shifted so each lands in every lane of a 16-code step.
+    let codes: Vec<i8> = (0..256 + 37)
+        .map(|i| ((i * 7 + 3) % 256) as u8 as i8)
+        .collect();
+    for isa in Isa::supported() {
+        for &zp in &zps {
+            for &scale in &scales {
+                for off in [0, 1, 5] {
+                    let q = &codes[off..];
+                    let n = q.len();
+                    let (mut got, mut want) = (vec![0f32; n], vec![0f32; n]);
+                    simd::affine_dequantize_f32(isa, q, zp, scale, &mut got, Store::Cached);
+                    simd::affine_dequantize_f32(
+                        Isa::Scalar,
+                        q,
+                        zp,
+                        scale,
+                        &mut want,
+                        Store::Cached,
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "f32 {isa:?} zp {zp} scale {scale}");
+                    let (mut got, mut want) = (vec![0f64; n], vec![0f64; n]);
+                    simd::affine_dequantize_f64(isa, q, zp, scale, &mut got);
+                    simd::affine_dequantize_f64(Isa::Scalar, q, zp, scale, &mut want);
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "f64 {isa:?} zp {zp} scale {scale}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn the_f32_shortcut_agrees_with_f64_next_to_every_half_integer() {
     // f32 inputs whose v * inv lands within a few f32 ulps of k + 0.5 (where f32
