@@ -7,6 +7,7 @@ use super::kernels::{
 use super::scalar::{self, quantize_one, Scalar};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 /// The AVX2 ISA marker.
 pub(crate) struct Avx2;
@@ -16,6 +17,7 @@ pub(crate) struct Avx2;
 /// prefetch a line (stepping a `chunks(16)` iterator through `take(2)` took
 /// about fifteen scalar instructions a step). Only addresses inside the
 /// slice are named.
+#[derive(Clone, Copy)]
 struct Lines {
     next: *const f32,
     end: *const f32,
@@ -126,10 +128,32 @@ unsafe fn pack32(q: [__m256i; 4]) -> __m256i {
     }
 }
 
+/// 32 codes of the floats at `x` in order by the reciprocal form
+/// (`quant8_fast` lane for lane, narrowed with saturation, then clamped as
+/// bytes: saturation keeps order, so clamping the bytes equals clamping the
+/// integers), and whether a lane may differ from `quant8`'s (near a tie, out
+/// of i32's range, NaN): such a step is redone by [`quant32_div`].
+#[inline(always)]
+unsafe fn quant32_fast(x: *const f32, r: __m256, bounds: (__m256i, __m256i)) -> (__m256i, bool) {
+    // SAFETY: the caller guarantees 32 readable floats at `x` and AVX2.
+    unsafe {
+        let (a, ea) = quant8_fast(_mm256_loadu_ps(x), r);
+        let (b, eb) = quant8_fast(_mm256_loadu_ps(x.add(8)), r);
+        let (c, ec) = quant8_fast(_mm256_loadu_ps(x.add(16)), r);
+        let (d, ed) = quant8_fast(_mm256_loadu_ps(x.add(24)), r);
+        let e = _mm256_max_epu32(_mm256_max_epu32(ea, eb), _mm256_max_epu32(ec, ed));
+        let limit = _mm256_set1_epi32((0.5 - NEAR_TIE).to_bits() as i32);
+        let near = _mm256_movemask_epi8(_mm256_cmpgt_epi32(e, limit)) != 0;
+        let (lo, hi) = bounds;
+        (
+            _mm256_min_epi8(_mm256_max_epi8(pack32([a, b, c, d]), lo), hi),
+            near,
+        )
+    }
+}
+
 /// 32 codes of the floats at `x` in order (`quant8` lane for lane): the
-/// reciprocal form where `fast` and no lane is near a tie (narrowed with
-/// saturation, then clamped as bytes: saturation keeps order, so clamping
-/// the bytes equals clamping the integers), else division.
+/// reciprocal form where `fast` and no lane is near a tie, else division.
 #[inline(always)]
 unsafe fn quant32(
     x: *const f32,
@@ -141,30 +165,19 @@ unsafe fn quant32(
 ) -> __m256i {
     // SAFETY: the caller guarantees 32 readable floats at `x` and AVX2.
     unsafe {
-        let v = [
-            _mm256_loadu_ps(x),
-            _mm256_loadu_ps(x.add(8)),
-            _mm256_loadu_ps(x.add(16)),
-            _mm256_loadu_ps(x.add(24)),
-        ];
         if fast {
-            let (a, ea) = quant8_fast(v[0], r);
-            let (b, eb) = quant8_fast(v[1], r);
-            let (c, ec) = quant8_fast(v[2], r);
-            let (d, ed) = quant8_fast(v[3], r);
-            let e = _mm256_max_epu32(_mm256_max_epu32(ea, eb), _mm256_max_epu32(ec, ed));
-            let limit = _mm256_set1_epi32((0.5 - NEAR_TIE).to_bits() as i32);
-            if _mm256_movemask_epi8(_mm256_cmpgt_epi32(e, limit)) == 0 {
-                let (lo, hi) = bounds;
-                return _mm256_min_epi8(_mm256_max_epi8(pack32([a, b, c, d]), lo), hi);
+            let (q, near) = quant32_fast(x, r, bounds);
+            if !near {
+                return q;
             }
         }
         quant32_div(x, s, clip)
     }
 }
 
-/// `quant32` by division: its fallback, out of the loop's way (inlined, it
-/// doubled the loop and its constants spilled the fast path's registers).
+/// 32 codes of the floats at `x` in order by division (`quant8` lane for
+/// lane): `quant32`'s fallback. Cold, so it stays out of line: inlined, it
+/// doubled the loop and its constants spilled the fast path's registers.
 #[cold]
 #[inline(never)]
 #[target_feature(enable = "avx2")]
@@ -210,7 +223,9 @@ unsafe fn store32(o: *mut i8, q: __m256i, stream: bool) {
 /// stream when their codes are left aligned.
 const STREAM_MIN_RUN: usize = 16 * 1024;
 
-/// `quant32`'s broadcast parameters for one scale and clip.
+/// The broadcast parameters of the scaled codes for one scale and clip: `s`
+/// and `clip` for division, `r = 1/s` for the reciprocal form (which holds
+/// only where `fast`).
 struct ScaledLanes {
     s: __m256,
     r: __m256,
@@ -220,6 +235,13 @@ struct ScaledLanes {
 }
 
 impl ScaledLanes {
+    /// Codes of the 32 floats at `x` (see `quant32`).
+    #[inline(always)]
+    unsafe fn codes32(&self, x: *const f32) -> __m256i {
+        // SAFETY: the caller runs with AVX2 and has 32 readable floats at `x`.
+        unsafe { quant32(x, self.s, self.r, self.fast, self.clip, self.bounds) }
+    }
+
     #[inline(always)]
     unsafe fn new(scale: f32, clip: f32) -> Self {
         // The reciprocal form needs a normal scale and reciprocal.
@@ -234,13 +256,6 @@ impl ScaledLanes {
                 bounds: clip_bytes(clip),
             }
         }
-    }
-
-    /// Codes of the 32 floats at `x` (see `quant32`).
-    #[inline(always)]
-    unsafe fn codes32(&self, x: *const f32) -> __m256i {
-        // SAFETY: the caller runs with AVX2 and has 32 readable floats at `x`.
-        unsafe { quant32(x, self.s, self.r, self.fast, self.clip, self.bounds) }
     }
 }
 
@@ -285,6 +300,114 @@ unsafe fn scaled_run<const STREAM: bool>(
             _mm_sfence();
         }
         quantize_scaled_short(xc.remainder(), scale, clip, oc.into_remainder());
+    }
+}
+
+/// Steps of a [`fused_block`] (the most its list of flagged steps holds: 512
+/// bytes on the stack, uninitialized).
+const REDO_STEPS: usize = 256;
+
+/// The fused per-row loop (`quantize_scaled_then_absmax`): each step codes
+/// 32 values of `x` (from cache) into `out`, folds 32 values of `next`
+/// (streaming in from memory) into the max of |next|'s bits, and prefetches
+/// two lines of `ahead`; returns that max. Runs over the whole steps that
+/// `x`, `out` and `next` all hold, [`REDO_STEPS`] at a time.
+#[inline(always)]
+unsafe fn fused_run<const STREAM: bool>(
+    x: &[f32],
+    out: &mut [i8],
+    next: &[f32],
+    ahead: &[f32],
+    lanes: &ScaledLanes,
+) -> u32 {
+    let steps = (x.len() / 32).min(out.len() / 32).min(next.len() / 32);
+    let (xp, op, np) = (x.as_ptr(), out.as_mut_ptr(), next.as_ptr());
+    let mut lines = Lines::new(ahead);
+    let mut m = 0;
+    let mut block = 0;
+    // SAFETY: the caller runs with AVX2 and, when `STREAM`, 32-byte aligned
+    // `out` (fenced here before returning); a block of `n` steps from step
+    // `block` reads floats `32 · block` to `32 · (block + n)` of `x` and
+    // `next` and writes those bytes of `out`, all below `32 · steps`;
+    // prefetches only name addresses inside `ahead`.
+    unsafe {
+        while block < steps {
+            let n = (steps - block).min(REDO_STEPS);
+            let (xb, ob, nb) = (xp.add(32 * block), op.add(32 * block), np.add(32 * block));
+            m = m.max(fused_block::<STREAM>(xb, ob, nb, n, &mut lines, lanes));
+            block += n;
+        }
+        if STREAM && steps > 0 {
+            _mm_sfence();
+        }
+    }
+    m
+}
+
+/// `n <= REDO_STEPS` steps of [`fused_run`]: the codes of `x` in `out`, and
+/// the max of |next|'s bits over them.
+///
+/// The loop makes no call. A step whose reciprocal form is flagged (a lane
+/// near a tie, or a scale the form does not hold for: `!lanes.fast`) is
+/// listed; after the loop the listed steps are coded by division. Cached
+/// stores write a listed step's codes anyway (no branch; the redo
+/// overwrites them in L1); streamed ones skip it, so each streamed code is
+/// stored once and needs no fence before the run's closing one. With the
+/// division called in the loop (cold, out of line), the call's clobbers made
+/// the compiler keep the next row's four vectors and an accumulator on the
+/// stack: five stores and five loads a step, for the ~1 % of steps that
+/// divide. The redo is in line for the same reason: rustc 1.95 emitted no
+/// `noinline` for `#[inline(never)]` on a `#[target_feature]` function, so
+/// a call after the loop could land in the loop's function and spill its
+/// constants.
+#[target_feature(enable = "avx2")]
+unsafe fn fused_block<const STREAM: bool>(
+    x: *const f32,
+    out: *mut i8,
+    next: *const f32,
+    n: usize,
+    lines: &mut Lines,
+    lanes: &ScaledLanes,
+) -> u32 {
+    let mut list = [MaybeUninit::<u16>::uninit(); REDO_STEPS];
+    let mut listed = 0;
+    // A local copy: stores through `out` could alias the caller's.
+    let mut ahead = *lines;
+    // SAFETY: the caller guarantees 32 · `n` floats at `x` and `next` and
+    // as many writable bytes at `out` (32-byte aligned when `STREAM`), and
+    // `n <= REDO_STEPS`; entry `listed <= i < n` is written at step `i`, and
+    // the redo reads the `listed` entries written; prefetches only name
+    // addresses `lines` holds; AVX2 is enabled here.
+    unsafe {
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for i in 0..n {
+            ahead.two();
+            let p = next.add(32 * i);
+            let v0 = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs);
+            let v1 = _mm256_and_si256(_mm256_loadu_si256(p.add(8).cast()), abs);
+            let v2 = _mm256_and_si256(_mm256_loadu_si256(p.add(16).cast()), abs);
+            let v3 = _mm256_and_si256(_mm256_loadu_si256(p.add(24).cast()), abs);
+            a0 = _mm256_max_epu32(a0, _mm256_max_epu32(v0, v2));
+            a1 = _mm256_max_epu32(a1, _mm256_max_epu32(v1, v3));
+            let (q, near) = quant32_fast(x.add(32 * i), lanes.r, lanes.bounds);
+            let flagged = near || !lanes.fast;
+            if !STREAM || !flagged {
+                store32(out.add(32 * i), q, STREAM);
+            }
+            list.get_unchecked_mut(listed).write(i as u16);
+            listed += usize::from(flagged);
+        }
+        *lines = ahead;
+        if listed > 0 {
+            for k in list.get_unchecked(..listed) {
+                let p = x.add(32 * usize::from(k.assume_init()));
+                let q = |j: usize| quant8(_mm256_loadu_ps(p.add(8 * j)), lanes.s, lanes.clip);
+                let o = out.add(32 * usize::from(k.assume_init()));
+                store32(o, pack32([q(0), q(1), q(2), q(3)]), STREAM);
+            }
+        }
+        hmax_epu32(_mm256_max_epu32(a0, a1))
     }
 }
 
@@ -1392,34 +1515,17 @@ impl Kernels for Avx2 {
         let (of, orest) = out.split_at_mut(32 * pairs);
         let (nf, nrest) = next.split_at(32 * pairs);
         let (af, arest) = ahead.split_at((32 * pairs).min(ahead.len()));
-        // SAFETY: AVX2 per the Kernels contract; each step reads 32 floats of
-        // `x` and of `next` and writes 32 bytes of `out`, all inside the
-        // equal-length prefixes split above; streamed chunks are 32-byte
-        // aligned (the head aligned `out`, chunks are 32 bytes) and fenced
-        // before returning. Prefetches only name addresses inside `af`.
+        // SAFETY: AVX2 per the Kernels contract; the run gets equal-length
+        // prefixes (32 · `pairs` values and codes), streams only 32-byte
+        // aligned codes (the head aligned `out`) and prefetches inside `af`.
         let m = unsafe {
             quantize_scaled_short(xh, scale, clip, oh);
             let lanes = ScaledLanes::new(scale, clip);
-            let abs = _mm256_set1_epi32(0x7fff_ffff);
-            let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            let mut lines = Lines::new(af);
-            let steps = xf.chunks_exact(32).zip(of.chunks_exact_mut(32));
-            for ((c, o), v) in steps.zip(nf.chunks_exact(32)) {
-                lines.two();
-                let p = v.as_ptr();
-                let v0 = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs);
-                let v1 = _mm256_and_si256(_mm256_loadu_si256(p.add(8).cast()), abs);
-                let v2 = _mm256_and_si256(_mm256_loadu_si256(p.add(16).cast()), abs);
-                let v3 = _mm256_and_si256(_mm256_loadu_si256(p.add(24).cast()), abs);
-                a0 = _mm256_max_epu32(a0, _mm256_max_epu32(v0, v2));
-                a1 = _mm256_max_epu32(a1, _mm256_max_epu32(v1, v3));
-                let q = lanes.codes32(c.as_ptr());
-                store32(o.as_mut_ptr(), q, stream);
+            if stream {
+                fused_run::<true>(xf, of, nf, af, &lanes)
+            } else {
+                fused_run::<false>(xf, of, nf, af, &lanes)
             }
-            if stream && pairs > 0 {
-                _mm_sfence();
-            }
-            hmax_epu32(_mm256_max_epu32(a0, a1))
         };
         // SAFETY: AVX2 per the Kernels contract (this tier's own kernels).
         unsafe {

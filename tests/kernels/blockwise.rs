@@ -329,6 +329,65 @@ fn fused_codes_and_next_max_match_scalar() {
     }
 }
 
+/// Rows long enough for several of the tiers' blocks of steps (AVX2 codes
+/// 256 steps of 32 values, then redoes the flagged ones): near-ties in every
+/// block and across their boundaries, scales the reciprocal form does not
+/// hold for (every step redone), fused with the next row's max and alone,
+/// cached and streamed.
+#[test]
+fn long_rows_with_near_ties_in_every_block_match_scalar() {
+    let n = 3 * 8192 + 100;
+    for (k, &scale) in [0.37f32, 1.0e-39, 3.0e38, 1.0 / 127.0].iter().enumerate() {
+        let x = near_ties(n, scale, 11 + k as u64);
+        let mut next = adversarial(n, 12 + k as u64);
+        next[n - 70] = -7.0e29;
+        let want_m = simd::absmax_bits(Isa::Scalar, &next);
+        for isa in Isa::supported() {
+            for len in [8192usize, 8192 + 33, n] {
+                let mut want = vec![0i8; len];
+                let (xs, st) = (&x[..len], Store::Cached);
+                simd::quantize_scaled(Isa::Scalar, xs, scale, 127.0, &mut want, st);
+                for (off, st) in [
+                    (0, Store::Cached),
+                    (0, Store::Streaming),
+                    (9, Store::Streaming),
+                ] {
+                    let mut buf = vec![0x55i8; off + len + 64];
+                    let out = &mut buf[off..off + len];
+                    simd::quantize_scaled(isa, xs, scale, 127.0, out, st);
+                    assert_eq!(
+                        &buf[off..off + len],
+                        &want[..],
+                        "{isa:?} {scale} {len} +{off}"
+                    );
+                    let mut buf = vec![0x55i8; off + len + 64];
+                    let out = &mut buf[off..off + len];
+                    let m = simd::quantize_scaled_then_absmax(
+                        isa,
+                        xs,
+                        scale,
+                        127.0,
+                        out,
+                        st,
+                        &next,
+                        &[],
+                    );
+                    assert_eq!(
+                        &buf[off..off + len],
+                        &want[..],
+                        "fused {isa:?} {scale} {len}"
+                    );
+                    assert!(buf[..off]
+                        .iter()
+                        .chain(&buf[off + len..])
+                        .all(|&b| b == 0x55));
+                    assert_eq!(m, want_m, "fused max {isa:?} {scale} {len} +{off}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn non_finite_index_is_the_same_on_every_isa() {
     for isa in Isa::supported() {
