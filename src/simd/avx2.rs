@@ -1516,8 +1516,9 @@ impl Kernels for Avx2 {
         let (nf, nrest) = next.split_at(32 * pairs);
         let (af, arest) = ahead.split_at((32 * pairs).min(ahead.len()));
         // SAFETY: AVX2 per the Kernels contract; the run gets equal-length
-        // prefixes (32 · `pairs` values and codes), streams only 32-byte
-        // aligned codes (the head aligned `out`) and prefetches inside `af`.
+        // prefixes (32 · `pairs` values and codes), streams only when `out`
+        // is 32-byte aligned after the head (`stream`), and prefetches
+        // inside `af`.
         let m = unsafe {
             quantize_scaled_short(xh, scale, clip, oh);
             let lanes = ScaledLanes::new(scale, clip);
