@@ -740,8 +740,8 @@ fn magic_zero_point(zp: f64) -> Option<f64> {
 /// [`MAGIC_BITS`] is the double `1.5 · 2^52 + q`, and subtracting `bias`
 /// (`magic_zero_point(zp)`) leaves `q − zp` exactly; one rounding, the
 /// product's, as in `(q as f64 − zp) · scale`. Integer adds and a float
-/// subtract replace `vcvtdq2pd`, whose single pipe on Zen 3 (shared with
-/// `vcvtpd2ps`) was the limit.
+/// subtract replace `vcvtdq2pd`, which (like `vcvtpd2ps`) retires one a
+/// cycle on Zen 3, where the two were the loop's limit.
 #[inline(always)]
 unsafe fn affine_values4_magic(q: *const i8, bias: __m256d, scale: __m256d) -> __m256d {
     // SAFETY: the caller guarantees 4 bytes at `q` and AVX2.
