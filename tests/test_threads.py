@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 
@@ -43,8 +44,20 @@ def test_kernels_release_the_gil(restore_threads):
 
     The pure-Python thread timestamps its iterations; if a kernel held the GIL,
     the largest gap between them would span a whole kernel call. Durations are
-    compared with each other in one run, never with a fixed time.
+    compared with each other in one run, never with a fixed time. Python's
+    switch interval is made short for the test: at the default 5 ms, handing the
+    GIL back and forth between calls left gaps of ~10 ms, more than half of a
+    17 ms call on a fast, busy machine, although the kernel had released it.
     """
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    try:
+        _check_gil_released()
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
+def _check_gil_released() -> None:
     fq.set_num_threads(1)
     x = np.random.default_rng(0).standard_normal(24_000_000).astype(np.float32)
     fq.quantize_blockwise(x)  # warm up: pool, page faults
