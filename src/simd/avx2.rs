@@ -184,8 +184,16 @@ unsafe fn quant32(
 unsafe fn quant32_div(x: *const f32, s: __m256, clip: __m256) -> __m256i {
     // SAFETY: the caller guarantees 32 readable floats at `x`; AVX2 is
     // enabled for this function.
+    unsafe { quant32_exact(x, s, clip) }
+}
+
+/// The body of [`quant32_div`], for loops that code their flagged steps in
+/// line ([`fused_block`]).
+#[inline(always)]
+unsafe fn quant32_exact(x: *const f32, s: __m256, clip: __m256) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable floats at `x` and AVX2.
     let q = |i: usize| unsafe { quant8(_mm256_loadu_ps(x.add(8 * i)), s, clip) };
-    // SAFETY: AVX2 is enabled for this function.
+    // SAFETY: as above.
     unsafe { pack32([q(0), q(1), q(2), q(3)]) }
 }
 
@@ -401,10 +409,9 @@ unsafe fn fused_block<const STREAM: bool>(
         *lines = ahead;
         if listed > 0 {
             for k in list.get_unchecked(..listed) {
-                let p = x.add(32 * usize::from(k.assume_init()));
-                let q = |j: usize| quant8(_mm256_loadu_ps(p.add(8 * j)), lanes.s, lanes.clip);
-                let o = out.add(32 * usize::from(k.assume_init()));
-                store32(o, pack32([q(0), q(1), q(2), q(3)]), STREAM);
+                let at = 32 * usize::from(k.assume_init());
+                let q = quant32_exact(x.add(at), lanes.s, lanes.clip);
+                store32(out.add(at), q, STREAM);
             }
         }
         hmax_epu32(_mm256_max_epu32(a0, a1))
