@@ -36,14 +36,35 @@ def f32_ratio(original: int, compressed: int) -> float:
 
 
 def unpack_int4(data: np.ndarray, n: int) -> np.ndarray:
-    """Sign-extended int4 nibbles of ``data``, low nibble first, ``n`` values."""
-    lo = (data & 0x0F).astype(np.int8)
-    hi = (data >> 4).astype(np.int8)
+    """Sign-extended int4 nibbles of ``data``, low nibble first, ``n`` values.
+
+    Written in place into the one output array (no temporaries the size of it).
+    """
     out = np.empty(2 * data.size, np.int8)
-    out[0::2] = lo
-    out[1::2] = hi
-    out = (out ^ 8) - 8
-    return out[:n].astype(np.int8)
+    u = out.view(np.uint8)
+    np.bitwise_and(data, 0x0F, out=u[0::2])
+    np.right_shift(data, 4, out=u[1::2])
+    np.bitwise_xor(u, 8, out=u)
+    np.subtract(out, 8, out=out)
+    return out[:n]
+
+
+def first_int4_outside(data: np.ndarray, n: int, lo: int, hi: int) -> Optional[Tuple[int, int]]:
+    """(index, code) of the first of the ``n`` packed int4 codes outside ``lo..hi``,
+    or None; a slice at a time, so checking a file's codes never unpacks them all."""
+    codes = np.arange(256, dtype=np.int16)
+    low, high = ((codes & 15) ^ 8) - 8, ((codes >> 4) ^ 8) - 8
+    bad = ((low < lo) | (low > hi)) | ((high < lo) | (high > hi))
+    step = 1 << 20
+    for start in range(0, data.size, step):
+        part = data[start : start + step]
+        hits = np.flatnonzero(bad[part])
+        for b in hits[:2]:  # at most the unused high nibble of an odd tail, then a real one
+            i = start + int(b)
+            for k, code in ((2 * i, int(low[data[i]])), (2 * i + 1, int(high[data[i]]))):
+                if k < n and not lo <= code <= hi:
+                    return k, code
+    return None
 
 
 def _jsonable(v: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Dict, Iterable, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, unpack_int4
+from ._base import Quantized, first_int4_outside, unpack_int4
 from ._checks import (
     describe,
     float_input,
@@ -232,11 +232,17 @@ class QuantizedTensor(Quantized):
             raise InvalidConfigError("zero_points must be finite integers")
         if config.mode == "symmetric" and zps.size and (zps != 0).any():
             raise InvalidConfigError("zero_points must be 0 for a symmetric config")
-        codes = data if config.bits == 8 else unpack_int4(data, n)
-        if codes.size and (codes.min() < config.qmin or codes.max() > config.qmax):
+        lo, hi = config.qmin, config.qmax
+        if config.bits == 4:
+            found = first_int4_outside(data, n, lo, hi)
+        elif data.size and (data.min() < lo or data.max() > hi):
+            k = int(np.flatnonzero((data < lo) | (data > hi))[0])
+            found = k, int(data[k])
+        else:
+            found = None
+        if found is not None:
             raise InvalidConfigError(
-                f"data must hold codes in {config.qmin}..{config.qmax}, got "
-                f"{int(codes.min())}..{int(codes.max())}"
+                f"data must hold codes in {lo}..{hi}, got {found[1]} at index {found[0]}"
             )
         if config.bits == 4 and n % 2 == 1 and data[-1] >> 4 != 0:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
