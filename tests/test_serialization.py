@@ -297,3 +297,88 @@ def test_bit_flips_in_a_valid_file_only_raise_format_error(data):
     except fq.FormatError:
         return
     assert isinstance(out, dict)
+
+
+def test_an_entry_giving_a_key_twice_is_refused():
+    # json keeps the last of duplicate keys: a file could show one value to a
+    # reader that keeps the first and another to ferroquant.
+    b = fq.quantize(np.ones((2, 3), np.float32)).to_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8 : 8 + n])
+    text = header["__metadata__"]["ferroquant:value"]
+    assert text.startswith("{")
+    header["__metadata__"]["ferroquant:value"] = '{"dtype": "float64", ' + text[1:]
+    with pytest.raises(fq.FormatError, match="'dtype' appears twice"):
+        fq.load_bytes(craft(header, b[8 + n :]))
+
+
+def test_writer_errors_are_ours():
+    from ferroquant._format import _writer_error
+
+    class SafetensorError(Exception):  # the name safetensors' writer raises
+        pass
+
+    full = _writer_error(
+        SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        ),
+        "out.safetensors",
+    )
+    assert type(full) is OSError and full.errno == 28 and full.filename == "out.safetensors"
+    big = _writer_error(SafetensorError("Error while serializing: header too large"), None)
+    assert isinstance(big, fq.FormatError) and "header too large" in str(big)
+    other = KeyError("x")
+    assert _writer_error(other, "out.safetensors") is other
+
+
+def test_an_oversized_header_is_a_format_error(tmp_path):
+    meta = {"note": "x" * 100_000_001}  # past safetensors' 100 MB header limit
+    with pytest.raises(fq.FormatError, match="header too large"):
+        fq.save_bytes({"a": np.ones(2, np.float32)}, metadata=meta)
+    with pytest.raises(fq.FormatError, match="header too large"):
+        fq.save(tmp_path / "h.safetensors", {"a": np.ones(2, np.float32)}, metadata=meta)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_path_with_a_trailing_slash_is_a_directory(tmp_path):
+    victim = tmp_path / "notes.txt"
+    victim.write_bytes(b"precious")
+    for path in (f"{victim}/", f"{tmp_path / 'missing'}/"):
+        with pytest.raises(IsADirectoryError):
+            fq.save(path, {"a": np.ones(2, np.float32)})
+    assert victim.read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 8, 1001])
+def test_int4_unpacking_and_range_check_match_a_brute_force(rng, n):
+    from ferroquant._base import first_int4_outside, unpack_int4
+
+    data = rng.integers(0, 256, (n + 1) // 2).astype(np.uint8)
+    if n % 2:
+        data[-1] |= 0x80  # the unused high nibble (-8 if read): never reported
+    codes = [
+        (b >> (4 * h) & 15) - 16 * (b >> (4 * h + 3) & 1) for b in map(int, data) for h in (0, 1)
+    ][:n]
+    got = unpack_int4(data, n)
+    assert got.dtype == np.int8 and got.tolist() == codes
+    for lo, hi in ((-7, 7), (-8, 7), (-2, 3)):
+        bad = [(k, c) for k, c in enumerate(codes) if not lo <= c <= hi]
+        assert first_int4_outside(data, n, lo, hi) == (bad[0] if bad else None)
+
+
+def test_loading_int4_values_does_not_unpack_them(tmp_path, rng):
+    import tracemalloc
+
+    x = rng.standard_normal(1 << 22).astype(np.float32)
+    path = tmp_path / "q.safetensors"
+    fq.save(path, {"a": fq.quantize(x, fq.QuantConfig.int4()), "d": fq.dynamic_quantize_int4(x)})
+    tracemalloc.start()
+    try:
+        got = fq.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    packed = got["a"].data.nbytes + got["d"].data.nbytes  # 2 MiB each
+    # The two packed arrays, plus slices of a MiB: not the 4 MiB of unpacked codes each.
+    assert peak < packed + (3 << 20), (peak, packed)

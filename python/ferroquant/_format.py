@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -220,7 +221,24 @@ def flatten(
 def dump_bytes(tensors: Mapping[str, Any], metadata: Optional[Mapping[str, str]]) -> bytes:
     """The safetensors bytes of ``tensors``."""
     flat, meta = flatten(tensors, metadata)
-    return bytes(serialize(specs(flat), metadata=meta or None))
+    try:
+        return bytes(serialize(specs(flat), metadata=meta or None))
+    except Exception as e:
+        raise _writer_error(e, None) from None
+
+
+def _writer_error(e: BaseException, dest: Optional[str]) -> BaseException:
+    """An error of safetensors' writer in our terms. Its ``SafetensorError``
+    is neither an ``OSError`` nor a ``ValueError``: an I/O failure (its text
+    ends in "(os error N)") becomes the ``OSError`` N naming ``dest``, any
+    other (a header over its limit) a ``FormatError``."""
+    if type(e).__name__ != "SafetensorError":
+        return e
+    code = re.search(r"\(os error (\d+)\)", str(e))
+    if code and dest is not None:
+        n = int(code.group(1))
+        return OSError(n, os.strerror(n), dest)
+    return FormatError(f"cannot write the safetensors data: {e}")
 
 
 def _umask() -> int:
@@ -254,6 +272,10 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     real = os.path.realpath(dest)
     parent = os.path.dirname(real) or "."
     if os.path.isdir(real):
+        raise _os_error(errno.EISDIR, dest)
+    if dest.endswith(tuple(filter(None, (os.sep, os.altsep)))):
+        # `realpath` drops a trailing slash, which names a directory: `open`
+        # refuses `name/` for writing (EISDIR) whether or not `name` exists.
         raise _os_error(errno.EISDIR, dest)
     if os.path.exists(real) and not os.path.isfile(real):
         # A device, FIFO or socket: replacing it with a regular file (the write
@@ -301,8 +323,8 @@ def write_file(path: PathLike, write: Callable[[str], None]) -> None:
             pass
         if isinstance(e, OSError):
             raise _os_error(e.errno or errno.EIO, dest) from None
-        if isinstance(e, Exception) and type(e).__name__ == "SafetensorError":
-            raise OSError(errno.EIO, f"cannot write the file: {e}", dest) from None
+        if type(e).__name__ == "SafetensorError":
+            raise _writer_error(e, dest) from None
         raise
 
 
@@ -382,9 +404,19 @@ def array_at(buf: Any, t: Tensor, name: str, origin: str) -> np.ndarray:
     return arr
 
 
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """A JSON object's members, refusing a key given twice (``json`` keeps the last)."""
+    out: Dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice")
+        out[k] = v
+    return out
+
+
 def _check_entry(name: str, raw: str, present: Mapping[str, Any]) -> Tuple[type, Dict[str, Any]]:
     try:
-        entry = json.loads(raw)
+        entry = json.loads(raw, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as e:
         raise FormatError(f"metadata entry for {name!r} is not valid JSON: {e}") from None
     if not isinstance(entry, dict):

@@ -102,7 +102,10 @@ class StreamingWriter:
         self._path = path
         _, real = _format.prepare_destination(path)
         self._meta = _format.user_metadata(metadata)
-        self._spill: IO[bytes] = tempfile.TemporaryFile(dir=os.path.dirname(real) or None)
+        try:
+            self._spill: IO[bytes] = tempfile.TemporaryFile(dir=os.path.dirname(real) or None)
+        except OSError as e:  # the spill sits beside the output: name the output
+            raise OSError(e.errno, e.strerror, os.fspath(path)) from None
         self._index: Dict[str, Tuple[str, List[int], int, int]] = {}
         self._offset = 0
 
@@ -126,8 +129,11 @@ class StreamingWriter:
 
     def close(self) -> None:
         """Write the file and drop the spill."""
-        self._spill.flush()
         try:
+            try:
+                self._spill.flush()
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, os.fspath(self._path)) from None
             if self._offset == 0:
                 buf = np.zeros(1, np.uint8)
                 base, mm = buf.ctypes.data, None
@@ -144,7 +150,16 @@ class StreamingWriter:
             if mm is not None:
                 mm.close()
         finally:
+            self._drop_spill()
+
+    def _drop_spill(self) -> None:
+        # Closing flushes what is buffered; when that fails (the disk that
+        # failed a write is still full) the spill is being dropped anyway, and
+        # its error must not replace the one already raised, which names the file.
+        try:
             self._spill.close()
+        except OSError:
+            pass
 
     def __enter__(self) -> StreamingWriter:
         return self
@@ -153,4 +168,4 @@ class StreamingWriter:
         if exc[0] is None:
             self.close()
         else:
-            self._spill.close()
+            self._drop_spill()
