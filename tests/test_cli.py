@@ -483,7 +483,8 @@ def test_a_json_write_that_fails_reports_the_os_cause(tmp_path, rng):
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["big.safetensors"]
 
 
-def test_ptq_json_layer_names_never_collide(tmp_path, rng):
+def test_ptq_json_refuses_tensors_that_would_be_one_layer(tmp_path, rng):
+    # `x` and `x.weight` would both be layer `x`, restored as `x.weight`.
     src, out = tmp_path / "m.safetensors", tmp_path / "m.json"
     tensors = {
         "x": rng.standard_normal((3, 2)).astype(np.float32),
@@ -492,10 +493,34 @@ def test_ptq_json_layer_names_never_collide(tmp_path, rng):
     }
     stn.save_file(tensors, str(src))
     r = cli("quantize", str(src), "-o", str(out), "--scheme", "ptq-int8")
-    assert r.returncode == 0, r.stderr
-    layers = {q.name: q for q in fq.QuantizedModel.load(out).layers}
-    assert sorted(layers) == ["x", "x.weight"]
-    assert layers["x"].bias is not None and layers["x.weight"].bias is None
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "'x' and 'x.weight' would both be layer 'x'" in r.stderr
+    assert not out.exists()
+
+
+def test_ptq_json_round_trip_keeps_every_tensor_name(tmp_path, rng):
+    # Layer `fc.weight` (from tensor `fc.weight.weight`) beside layer `fc`: each
+    # comes back under the name it had, the bias beside its own layer.
+    src, js, out = tmp_path / "m.safetensors", tmp_path / "m.json", tmp_path / "o.safetensors"
+    tensors = {
+        "fc.weight": rng.standard_normal((3, 2)).astype(np.float32),
+        "fc.weight.weight": rng.standard_normal((3, 2)).astype(np.float32) * 4,
+        "fc.bias": rng.standard_normal(3).astype(np.float32),
+        "emb": rng.standard_normal((5, 2)).astype(np.float32),
+    }
+    stn.save_file(tensors, str(src))
+    assert cli("quantize", str(src), "-o", str(js), "--scheme", "ptq-int8").returncode == 0
+    layers = {q.name: q for q in fq.QuantizedModel.load(js).layers}
+    assert sorted(layers) == ["emb", "fc", "fc.weight"]
+    assert layers["fc"].bias is not None and layers["fc.weight"].bias is None
+    assert cli("dequantize", str(js), "-o", str(out)).returncode == 0
+    back = stn.load_file(str(out))
+    # A tensor without the `.weight` suffix is layer `emb`, restored as `emb.weight`.
+    assert sorted(back) == ["emb.weight", "fc.bias", "fc.weight", "fc.weight.weight"]
+    for name in ("fc.weight", "fc.weight.weight"):
+        scale = float(np.abs(tensors[name]).max()) / 127
+        np.testing.assert_allclose(back[name], tensors[name], atol=scale / 2 * 1.0001)
+    np.testing.assert_array_equal(back["fc.bias"], tensors["fc.bias"])
 
 
 def test_dequantize_restores_model_layers_in_their_dtype(tmp_path, rng):
@@ -507,16 +532,14 @@ def test_dequantize_restores_model_layers_in_their_dtype(tmp_path, rng):
     assert stn.load_file(str(out))["fc.weight"].dtype == np.float16
 
 
-def test_dequantize_refuses_layer_names_that_would_not_come_back_apart(tmp_path):
-    src, js, out = tmp_path / "nm.safetensors", tmp_path / "nm.json", tmp_path / "o.safetensors"
-    stn.save_file(
-        {"x": np.ones((4, 4), np.float32), "x.weight": np.full((4, 4), -50.0, np.float32)},
-        str(src),
-    )
-    assert cli("quantize", str(src), "--scheme", "ptq-int8", "-o", str(js)).returncode == 0
-    r = cli("dequantize", str(js), "-o", str(out))
+def test_dequantize_refuses_two_layers_of_one_name(tmp_path):
+    src, out = tmp_path / "nm.json", tmp_path / "o.safetensors"
+    w = np.ones((4, 4), np.float32)
+    m = fq.quantize_model_weights("{}", [("x", w, None, None), ("x", -50 * w, None, None)])
+    m.save(src)
+    r = cli("dequantize", str(src), "-o", str(out))
     assert r.returncode == 1 and r.stderr.count("\n") == 1
-    assert "would both be restored as 'x.weight'" in r.stderr
+    assert "two layers are named 'x'" in r.stderr
     assert not out.exists()
 
 
@@ -531,3 +554,141 @@ sys.exit(main(["compare", {str(model)!r}, "--json", "--no-progress"]))
     assert r.returncode == 0, r.stderr
     names = [row["scheme"] for row in json.loads(r.stdout)["schemes"]]
     assert "needs-args" not in names and "int8" in names
+
+
+def test_rank_check_skips_tensors_that_are_only_copied(tmp_path, rng):
+    # A 4-D int64 tensor is copied whatever the scheme: it must not stop a
+    # scheme that takes only 2-D float tensors.
+    src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    pos = np.arange(24, dtype=np.int64).reshape(1, 2, 3, 4)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    stn.save_file({"position_ids": pos, "w": w}, str(src))
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "dynamic-int8-per-row")
+    assert r.returncode == 0, r.stderr
+    got = fq.load(out)
+    np.testing.assert_array_equal(got["position_ids"], pos)
+    assert got["w"] == fq.dynamic_quantize_int8_per_row(w)
+    # A 4-D float tensor is quantized, so it is still refused before writing.
+    stn.save_file({"w": w, "conv": np.ones((2, 2, 2, 2), np.float32)}, str(src))
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "dynamic-int8-per-row")
+    assert r.returncode == 1 and "'conv' of shape 2x2x2x2" in r.stderr
+
+
+def test_error_statistics_do_not_hide_nan():
+    from ferroquant.cli import _Tally, error_stats
+
+    a = np.array([1.0, 2.0, 3.0])
+    worst, mean = error_stats(a, np.array([1.0, np.nan, 3.0]), step=1)
+    assert np.isnan(worst) and np.isnan(mean)
+    assert error_stats(a, np.array([1.5, 2.0, 3.0]), step=1) == (0.5, 0.5 / 3)
+    t = _Tally()
+    t.add(a, np.array([np.nan, 2.0, 3.0]), step=2)
+    assert np.isnan(t.max_err) and np.isnan(t.sqnr_db())
+
+
+def test_sqnr_of_values_near_the_float64_limit_is_finite():
+    from ferroquant.cli import _Tally
+
+    # x² overflows float64 above ~1.3e154: a plain sum of squares made it inf.
+    x = np.array([1e300, -3e299, 5e299, 1.0])
+    t = _Tally()
+    t.add(x, x + np.array([1e297, 0.0, -1e297, 0.0]), step=3)
+    want = 10 * np.log10(np.sum((x / 1e297) ** 2) / 2)
+    assert abs(t.sqnr_db() - want) < 1e-9 * want
+    exact = _Tally()
+    exact.add(x, x.copy())
+    assert exact.sqnr_db() == np.inf
+
+
+def test_compare_leaves_out_a_default_scheme_that_refuses_a_tensor(tmp_path, rng):
+    # One weight past float16's scale range: blockwise8 (float16 scales) refuses it.
+    src = tmp_path / "m.safetensors"
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    w[0, 0] = 2e7
+    stn.save_file({"w": w}, str(src))
+    r = cli("compare", str(src), "--json", "-", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "scheme blockwise8 left out: tensor w:" in r.stderr
+    assert "--scale-dtype float32" in r.stderr and "np.float32" not in r.stderr
+    names = [row["scheme"] for row in json.loads(r.stdout)["schemes"]]
+    assert "blockwise8" not in names and "int8" in names
+    r = cli("compare", str(src), "--schemes", "int8,blockwise8", "--no-progress")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "scheme 'blockwise8', tensor 'w'" in r.stderr
+
+
+def test_quantize_warns_when_a_tensor_dequantizes_to_non_finite_values(tmp_path):
+    # The seed's asymmetric scale (max - min) / 255 overflows float64 here.
+    src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    stn.save_file({"w": np.array([[-1.7e308, 1.7e308], [0.0, 1.0]])}, str(src))
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8-asym", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "w: it dequantizes to values that are not finite" in r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("w "))
+    assert row.split()[7:9] == ["nan", "nan"]  # after "20 B", "1.60x"
+    r = cli("compare", str(src), "--schemes", "int8-asym", "--no-progress")
+    assert r.returncode == 1 and "not finite" in r.stderr
+
+
+def test_the_config_file_is_never_the_output(tmp_path, rng):
+    src, cfg = tmp_path / "m.safetensors", tmp_path / "cfg.json"
+    stn.save_file({"fc.weight": rng.standard_normal((3, 4)).astype(np.float32)}, str(src))
+    cfg.write_text('{"hidden": 4}')
+    link = tmp_path / "link.json"
+    link.symlink_to(cfg)
+    for target in (cfg, link):
+        r = cli(
+            "quantize", str(src), "--scheme", "ptq-int8", "--config", str(cfg), "-o", str(target)
+        )
+        assert r.returncode == 1 and "--config" in r.stderr
+        assert cfg.read_text() == '{"hidden": 4}'
+
+
+@pytest.mark.parametrize("command", ["quantize", "dequantize"])
+def test_an_output_with_a_trailing_slash_names_a_directory(tmp_path, model, command):
+    src = model
+    if command == "dequantize":
+        src = tmp_path / "q.safetensors"
+        assert cli("quantize", str(model), "-o", str(src), "--scheme", "int8").returncode == 0
+    victim = tmp_path / "out.safetensors"
+    victim.write_bytes(b"precious")
+    args = ["-o", str(victim) + "/"]
+    r = cli(command, str(src), *args, *(["--scheme", "int8"] if command == "quantize" else []))
+    assert r.returncode == 1 and "Is a directory" in r.stderr
+    assert victim.read_bytes() == b"precious"
+
+
+def test_a_spill_that_fills_the_disk_names_the_output(tmp_path, rng):
+    import resource
+
+    src, out = tmp_path / "big.safetensors", tmp_path / "q.safetensors"
+    # Small tensors: their codes wait in the spill's buffer, so closing the
+    # spill after the failed write fails again (that error must not win).
+    stn.save_file(
+        {f"w{i}": rng.standard_normal((20, 20)).astype(np.float32) for i in range(200)}, str(src)
+    )
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ferroquant",
+            "quantize",
+            str(src),
+            "-o",
+            str(out),
+            "--scheme",
+            "int8",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "File too large" in r.stderr and str(out) in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.safetensors"]

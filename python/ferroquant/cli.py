@@ -92,9 +92,26 @@ def error_stats(
     worst, total = 0.0, 0.0
     for i in range(0, a.size, step):
         d = np.abs(b[i : i + step].astype(np.float64) - a[i : i + step].astype(np.float64))
-        worst = max(worst, float(d.max()))
+        worst = _worse(worst, float(d.max()))
         total += float(d.sum())
     return worst, total / a.size if a.size else 0.0
+
+
+def _cli_words(text: str) -> str:
+    """A library message in the command line's terms: its hints name Python
+    arguments (``scale_dtype=np.float32``) where the command takes flags."""
+    return text.replace("scale_dtype=np.float32", "--scale-dtype float32")
+
+
+def _all_finite(values: np.ndarray, step: int = 1 << 20) -> bool:
+    """Whether every value is finite, a slice at a time (no tensor-sized mask)."""
+    flat = values.reshape(-1)
+    return all(np.isfinite(flat[i : i + step]).all() for i in range(0, flat.size, step))
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger of two errors, NaN if either is (``max(0.0, nan)`` is 0.0)."""
+    return a if math.isnan(a) or a >= b else b
 
 
 def _restore(values: np.ndarray, want: np.dtype) -> np.ndarray:
@@ -203,6 +220,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     except TypeError as e:
         raise CliError(f"invalid parameter for scheme {args.scheme!r}: {e}") from None
 
+    # The path as typed: `Path()` drops a trailing slash (`out.json/`).
+    _format_destination(args.output)
     json_out = args.output.lower().endswith(".json")
     if json_out and quantizer.name != "ptq-int8":
         raise CliError(
@@ -237,11 +256,14 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
             prefixes.add("::".join(parts[:k]))
     # Fail before writing anything if the scheme cannot take a tensor's rank
     # (dynamic-int8-per-row needs 2-D, bitnet-act 2-D or 3-D).
+    # Only the tensors the loop below quantizes: other dtypes and clashing
+    # names are copied whatever their rank.
     fits: Any = getattr(quantizer, "fits", None)
     for name in reader.names if fits is not None else ():
-        shape = tuple(reader.tensors[name].shape)
-        if len(shape) >= 2:
-            why = fits(shape, np.dtype(np.float32))
+        t = reader.tensors[name]
+        shape = tuple(t.shape)
+        if len(shape) >= 2 and t.dtype_tag in _TAG_DTYPES and name not in prefixes:
+            why = fits(shape, _TAG_DTYPES[t.dtype_tag])
             if why:
                 raise CliError(
                     f"scheme {args.scheme!r} does not fit tensor {name!r} of shape "
@@ -280,9 +302,19 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                     except QuantizationError as e:
                         raise CliError(f"tensor {name!r}: {e}") from None
                 for w in caught:
-                    print(f"ferroquant: warning: {_shown(name)}: {w.message}", file=sys.stderr)
+                    print(
+                        f"ferroquant: warning: {_shown(name)}: {_cli_words(str(w.message))}",
+                        file=sys.stderr,
+                    )
                 ms = (time.perf_counter() - t0) * 1e3
                 max_err, mean_err = error_stats(arr, quantizer.dequantize(q))
+                if not math.isfinite(max_err):
+                    print(
+                        f"ferroquant: warning: {_shown(name)}: it dequantizes to values that are "
+                        f"not finite (max|err| {max_err}): its range overflows the scheme's "
+                        "arithmetic",
+                        file=sys.stderr,
+                    )
                 writer.add(name, q)
                 out_bytes += q.nbytes
                 rows.append(
@@ -366,6 +398,8 @@ def _quantize_json(
     out = Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
+    if args.config is not None and _same_file(Path(args.config), out):
+        raise CliError("the output file must differ from the --config file")
     config = _read_config(args.config)
     names = reader.names
     weights = [
@@ -373,11 +407,18 @@ def _quantize_json(
         for n in names
         if len(reader.tensors[n].shape) >= 2 and reader.tensors[n].dtype_tag in _FLOAT_TAGS
     ]
-    # `x.weight` is layer `x`, unless a tensor `x` is a layer of its own.
-    full = set(weights)
-    layer_of = {
-        n: n if _layer_name(n) != n and _layer_name(n) in full else _layer_name(n) for n in weights
-    }
+    # Tensor `x.weight` is layer `x`, which `dequantize` restores as `x.weight`
+    # (`_add_model`). Two tensors that would be one layer (`x` and `x.weight`)
+    # could not both come back: refused before anything is written.
+    layer_of = {n: _layer_name(n) for n in weights}
+    first: Dict[str, str] = {}
+    for n in weights:
+        other = first.setdefault(layer_of[n], n)
+        if other != n:
+            raise CliError(
+                f"tensors {other!r} and {n!r} would both be layer {layer_of[n]!r} of the "
+                "JSON model; rename one, or write a .safetensors output"
+            )
     biases: Dict[str, str] = {}
     for n in weights:
         b = layer_of[n] + ".bias"
@@ -452,15 +493,50 @@ def _quantize_json(
 _FLOAT_TAGS = frozenset({"F16", "BF16", "F32", "F64"})
 
 
+class _SumSq:
+    """A sum of squares held as ``scale² · ssq`` (the update of LAPACK's ``dnrm2``), so
+    that values near float64's largest do not overflow it (a plain sum of x² does above
+    about 1e154)."""
+
+    __slots__ = ("scale", "ssq")
+
+    def __init__(self) -> None:
+        self.scale = self.ssq = 0.0
+
+    def add(self, v: np.ndarray) -> None:
+        m = float(np.abs(v).max()) if v.size else 0.0
+        if not math.isfinite(m):
+            self.ssq = math.nan
+            return
+        if m == 0.0:
+            return
+        u = v / m
+        part = float(np.dot(u, u))
+        if m > self.scale:
+            self.ssq = self.ssq * (self.scale / m) ** 2 + part
+            self.scale = m
+        else:
+            self.ssq += part * (m / self.scale) ** 2
+
+    def log10(self) -> float:
+        """log10 of the sum (-inf for 0, NaN after a non-finite value)."""
+        if math.isnan(self.ssq):
+            return math.nan
+        if self.ssq == 0.0:
+            return -math.inf
+        return 2 * math.log10(self.scale) + math.log10(self.ssq)
+
+
 class _Tally:
     """One scheme's running totals over the tensors seen so far (float64)."""
 
-    __slots__ = ("count", "held", "max_err", "seconds", "sum_abs", "sum_sq", "sum_sq_err")
+    __slots__ = ("count", "err", "held", "max_err", "seconds", "signal", "sum_abs")
 
     def __init__(self) -> None:
         self.held = 0
         self.max_err = 0.0
-        self.sum_abs = self.sum_sq_err = self.sum_sq = 0.0
+        self.sum_abs = 0.0
+        self.signal, self.err = _SumSq(), _SumSq()
         self.count = 0
         self.seconds = 0.0
 
@@ -471,19 +547,22 @@ class _Tally:
             x = a[i : i + step].astype(np.float64)
             d = b[i : i + step].astype(np.float64) - x
             ad = np.abs(d)
-            self.max_err = max(self.max_err, float(ad.max()))
+            self.max_err = _worse(self.max_err, float(ad.max()))
             self.sum_abs += float(ad.sum())
-            self.sum_sq_err += float(np.dot(d, d))
-            self.sum_sq += float(np.dot(x, x))
+            self.err.add(d)
+            self.signal.add(x)
         self.count += a.size
 
     def sqnr_db(self) -> float:
         """Signal power over error power, in dB (inf for an exact result)."""
-        if self.sum_sq_err == 0:
+        e, x = self.err.log10(), self.signal.log10()
+        if math.isnan(e) or math.isnan(x):
+            return math.nan
+        if e == -math.inf:
             return math.inf
-        if self.sum_sq == 0:
+        if x == -math.inf:
             return -math.inf
-        return 10 * math.log10(self.sum_sq / self.sum_sq_err)
+        return 10 * (x - e)
 
 
 def _compare_schemes(arg: Optional[str]) -> Tuple[List[Any], bool]:
@@ -574,7 +653,7 @@ def _compare(
                 continue
             arr = reader.get(name)
             source_bytes += arr.nbytes
-            for q in kept:
+            for q in list(kept):
                 bar.set_postfix_str(f"{q.name} {name[-30:]}", refresh=False)
                 tally = tallies[q.name]
                 with warnings.catch_warnings():
@@ -582,12 +661,34 @@ def _compare(
                     t0 = time.perf_counter()
                     try:
                         value = q.quantize(arr)
+                        why = None
                     except QuantizationError as e:
-                        raise CliError(f"scheme {q.name!r}, tensor {name!r}: {e}") from None
-                    tally.seconds += time.perf_counter() - t0
-                    tally.held += int(value.nbytes)
-                    tally.add(arr, q.dequantize(value))
-                del value
+                        why = str(e)
+                    if why is None:
+                        tally.seconds += time.perf_counter() - t0
+                        held = int(value.nbytes)
+                        restored = q.dequantize(value)
+                        del value
+                        if not _all_finite(restored):
+                            why = "it dequantizes to values that are not finite"
+                if why is not None:
+                    # A scheme the user named must fit; one of the defaults that
+                    # cannot take this tensor is left out of the table, saying why.
+                    if chosen:
+                        raise CliError(f"scheme {q.name!r}, tensor {name!r}: {why}")
+                    print(
+                        f"ferroquant: warning: scheme {q.name} left out: tensor "
+                        f"{_shown(name)}: {_cli_words(why)}",
+                        file=sys.stderr,
+                    )
+                    kept.remove(q)
+                    del tallies[q.name]
+                    if not kept:
+                        raise CliError("no registered weight scheme fits every tensor of this file")
+                else:
+                    tally.held += held
+                    tally.add(arr, restored)
+                    del restored
                 bar.update(1)
     total = source_bytes + other_bytes
     rows = []
@@ -736,6 +837,7 @@ def _inspect(reader: TensorReader) -> int:
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
+    _format_destination(args.output)  # as typed (see cmd_quantize)
     src, out = Path(args.input), Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
@@ -753,15 +855,16 @@ def _add_model(writer: StreamingWriter, model: QuantizedModel) -> int:
     """Each layer's weight as ``<layer>.weight`` (in the dtype it was quantized from)
     and its bias as ``<layer>.bias``: the names ``quantize --scheme ptq-int8 -o OUT.json``
     took them from. Layer names that would not come back apart are refused first."""
-    names = [q.name for q in model.layers]
-    seen = set(names)
-    for name in names:
-        if names.count(name) > 1 or name + ".weight" in seen:
-            other = name if names.count(name) > 1 else name + ".weight"
+    # Restored names end in `.weight` or `.bias`, so only two layers of one
+    # name would collide.
+    seen: set = set()
+    for q in model.layers:
+        if q.name in seen:
             raise CliError(
-                f"layers {name!r} and {other!r} would both be restored as "
-                f"{name + '.weight'!r}; load the model with fq.QuantizedModel.load instead"
+                f"two layers are named {q.name!r}: both would be restored as "
+                f"{q.name + '.weight'!r}; load the model with fq.QuantizedModel.load instead"
             )
+        seen.add(q.name)
     for q in model.layers:
         want = FLOAT_DTYPES.get(q.dtype, np.dtype(np.float32))
         writer.add(q.name + ".weight", _restore(q.dequantize(), want))
@@ -891,7 +994,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def one_line(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
         text = str(message).splitlines()[0] if str(message) else category.__name__
-        print(f"ferroquant: warning: {text}", file=sys.stderr)
+        print(f"ferroquant: warning: {_cli_words(text)}", file=sys.stderr)
 
     def terminated(signum: int, frame: Any) -> None:
         raise _Terminated()
@@ -924,7 +1027,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, OSError) and e.filename:
             msg = f"{e.strerror}: {e.filename}"
-        print(f"ferroquant: error: {msg}", file=sys.stderr)
+        print(f"ferroquant: error: {_cli_words(msg)}", file=sys.stderr)
         return 1
     except Exception as e:  # a bug of ours: still one line, never a traceback
         first = str(e).splitlines()[0] if str(e) else ""
