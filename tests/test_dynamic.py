@@ -403,6 +403,23 @@ def test_calib_stats_p99_is_exact_for_lists_and_streams_bounded(rng):
     assert s.p99 == ref.calib_stats(list(gen()))[4]
 
 
+def test_calib_stats_stream_with_its_largest_values_first_is_exact(rng):
+    # 100 000 values near ±100, then 10 M near ±0.01: the p99 is a small value,
+    # and the large ones that outrank it were let go while the count was small.
+    # The stream's counts of every value (by bin) place it exactly.
+    import warnings
+
+    big = (rng.standard_normal(100_000) * 100).astype(np.float32)
+    small = [(rng.standard_normal(1_000_000) * 0.01).astype(np.float32) for _ in range(10)]
+    batches = [big, *small]
+    want = fq.CalibStats.collect(batches)
+    assert want.p99 == ref.calib_stats(batches)[4] and want.p99 < 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fq.CalibStats.collect(b for b in batches)
+    assert got == want
+
+
 def test_calib_stats_errors():
     with pytest.raises(fq.NonFiniteError) as e:
         fq.CalibStats.collect([np.ones(3, np.float32), np.array([1, np.nan], np.float32)])

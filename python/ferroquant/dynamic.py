@@ -495,7 +495,9 @@ class CalibStats(Quantized):
             PrecisionWarning: for a one-shot iterator (length unknown) when values
                 the final p99 needs were let go: memory follows the count so far,
                 so a stream that grows long after its largest values came can lose
-                them (see the README); the p99 returned is then an upper bound.
+                them (see the README). A count of every value by bin (65536 bins
+                of the bit pattern) still gives the exact p99 unless values of its
+                own bin were let go; then the p99 returned is an upper bound.
         """
         return _collect(batches)
 

@@ -10,7 +10,7 @@
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};
-use crate::ops::dynamic::{abs_histogram, BIN_SHIFT};
+use crate::ops::dynamic::{abs_histogram, add_abs_histogram, BIN_SHIFT};
 use crate::parallel;
 use crate::simd::{self, Isa};
 use crate::stage::STAGE;
@@ -256,6 +256,11 @@ pub struct CalibAccumulator {
     threshold: u32,
     /// The largest `|x|` bit pattern let go of (-1: none).
     dropped: i64,
+    /// Without a known total: the count of every `|x|` pushed, by the bins of
+    /// [`abs_histogram`] (allocated at the first push). When the p99's bin
+    /// turns out to hold only kept values, their order gives it exactly,
+    /// although larger values were let go (their counts are still here).
+    bins: Vec<u64>,
 }
 
 impl CalibAccumulator {
@@ -273,6 +278,7 @@ impl CalibAccumulator {
             keep: 0,
             threshold: 0,
             dropped: -1,
+            bins: Vec::new(),
         }
     }
 
@@ -314,6 +320,15 @@ impl CalibAccumulator {
             },
             other => other,
         })?;
+        if self.total.is_none() {
+            if self.bins.is_empty() {
+                self.bins = vec![0; 1 << 16];
+            }
+            // The batch was read whole above: it is finite.
+            let counted =
+                add_abs_histogram(Isa::detected(), batch, &mut Vec::new(), &mut self.bins);
+            debug_assert!(counted.is_ok());
+        }
         self.keep = keep;
         if (b.candidates.len() as u64) < b.n {
             // Some values were left out; the largest of them is `below_max`.
@@ -356,6 +371,31 @@ impl CalibAccumulator {
         self.kept = both;
     }
 
+    /// The `m`-th largest `|x|` bit pattern from the counts of every value
+    /// ([`bins`](Self::bins)) when its bin holds kept values only: the values
+    /// in higher bins are counted (kept or not), and the bin's own are all
+    /// here to be ordered. `None` without counts, or when values of that bin
+    /// were let go.
+    fn p99_by_bins(&mut self, m: usize) -> Option<u32> {
+        let mut above = 0u64;
+        let (bin, count) = self.bins.iter().enumerate().rev().find_map(|(bin, &c)| {
+            above += c;
+            (above >= m as u64).then_some((bin as u32, c))
+        })?;
+        let rank = m as u64 - (above - count); // 1-based, from the top of the bin
+        let mut inside: Vec<u32> = self
+            .kept
+            .iter()
+            .copied()
+            .filter(|&b| b >> BIN_SHIFT == bin)
+            .collect();
+        if inside.len() as u64 != count {
+            return None;
+        }
+        let at = inside.len() - rank as usize;
+        Some(*inside.select_nth_unstable(at).1)
+    }
+
     /// The statistics of everything pushed.
     pub fn finish(mut self) -> CalibOutcome {
         let _env = crate::simd::fpenv::Pinned::new();
@@ -384,6 +424,8 @@ impl CalibAccumulator {
         let (bits, exact) = if c >= m {
             let at = self.kept.len() - m;
             (*self.kept.select_nth_unstable(at).1 as i64, true)
+        } else if let Some(bits) = self.p99_by_bins(m) {
+            (bits as i64, true)
         } else {
             (dropped, c + 1 == m && dropped >= 0)
         };
@@ -485,6 +527,52 @@ mod accumulator_tests {
             over.push(&[0f32; 11]),
             Err(QuantError::InvalidConfig { arg: "total", .. })
         ));
+        Ok(())
+    }
+
+    #[test]
+    fn the_counts_of_every_value_make_a_late_p99_exact() -> Result<()> {
+        // 10 000 large values, then 2 000 000 small ones: the p99 (rank from
+        // the top 20 101) is the 10 101st largest small value, below the 9 000
+        // large ones let go while the count was small. Only their counts say so.
+        let big: Vec<f32> = (0..10_000).map(|i| 100.0 + (i % 977) as f32).collect();
+        let small: Vec<f32> = (0..2_000_000u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 9) as f32 / 8.4e8) - 2.5e-3)
+            .collect();
+        let mut acc = CalibAccumulator::new(None);
+        acc.push(&big)?;
+        for b in small.chunks(50_000) {
+            acc.push(b)?;
+        }
+        let out = acc.finish();
+        let mut all = big.clone();
+        all.extend(&small);
+        assert!(out.exact);
+        assert_eq!(out.stats.p99, exact_p99(&all));
+        assert!(out.stats.p99 < 0.01);
+        let known: Vec<&[f32]> = vec![&big, &small];
+        assert_eq!(CalibStats::collect(&known)?, out.stats);
+        Ok(())
+    }
+
+    #[test]
+    fn a_p99_among_values_let_go_stays_a_flagged_bound() -> Result<()> {
+        // 100 000 values 1..=100 000, then 10 485 760 zeros: the p99 (about the
+        // 105 858th largest) is a zero, but zeros came when the threshold was
+        // already above them, so their bin holds values let go: a bound, flagged.
+        let a: Vec<f32> = (1..=100_000).map(|i| i as f32).collect();
+        let zeros = vec![0f32; 1 << 20];
+        let mut acc = CalibAccumulator::new(None);
+        acc.push(&a)?;
+        let mut all = a.clone();
+        for _ in 0..10 {
+            acc.push(&zeros)?;
+            all.extend(&zeros);
+        }
+        let out = acc.finish();
+        assert_eq!(exact_p99(&all), 0.0);
+        assert!(!out.exact);
+        assert!(out.stats.p99 >= 1.0 && a.contains(&out.stats.p99));
         Ok(())
     }
 

@@ -157,8 +157,18 @@ pub(crate) fn abs_histogram<T: Float>(
     stage: &mut Vec<f32>,
 ) -> std::result::Result<Vec<u64>, usize> {
     let mut hist = vec![0u64; 1 << 16];
-    finite_stages(isa, x, stage, |xs, _| count_bins(&mut hist, xs))?;
+    add_abs_histogram(isa, x, stage, &mut hist)?;
     Ok(hist)
+}
+
+/// [`abs_histogram`] added into `hist` (65536 bins).
+pub(crate) fn add_abs_histogram<T: Float>(
+    isa: Isa,
+    x: &[T],
+    stage: &mut Vec<f32>,
+    hist: &mut [u64],
+) -> std::result::Result<(), usize> {
+    finite_stages(isa, x, stage, |xs, _| count_bins(hist, xs))
 }
 
 /// Add each |x| of `xs` to its bin of [`abs_histogram`]'s table (u64
