@@ -4,6 +4,7 @@ to binary16 bit for bit against a bit-level reference (IEEE round to nearest eve
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -72,8 +73,8 @@ def test_shapes_layouts_and_byte_orders():
 
 
 def test_wrong_types_are_type_errors_naming_the_argument():
-    for bad in (np.ones(3), np.ones(3, np.float16), [1.0, 2.0], np.ones(3, np.int32)):
-        with pytest.raises(TypeError, match="x must be a float32"):
+    for bad in (np.ones(3, np.int32), np.ones(3, bool), np.ones(3, np.complex64), [1, 2]):
+        with pytest.raises(TypeError, match="x must be a floating array"):
             fq.fp32_to_fp16_bits(bad)
     for bad in (np.ones(3, np.int16), np.ones(3, np.float16), [1, 2], np.ones(3, np.uint32)):
         with pytest.raises(TypeError, match="bits must be a uint16"):
@@ -91,3 +92,27 @@ def test_large_inputs_do_not_depend_on_the_thread_count():
     finally:
         fq.set_num_threads(old)
     assert runs[0] == runs[1] == runs[2] == ref.fp32_to_fp16_bits(x).tobytes()
+
+
+def test_other_float_dtypes_are_read_as_float32_first(rng):
+    # SPEC's general rules: float64, float16 and bfloat16 input is read as
+    # float32 (the working precision) as the kernel reads it.
+    x32 = (rng.standard_normal(5000) * np.float32(3e4)).astype(np.float32)
+    x32[:6] = [np.inf, -np.inf, np.nan, 7e-8, -0.0, 65520.0]
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        with np.errstate(over="ignore"):
+            x = x32.astype(dt)  # exact in float32: the bits of its float32 value
+        assert (
+            fq.fp32_to_fp16_bits(x).tobytes()
+            == ref.fp32_to_fp16_bits(x.astype(np.float32)).tobytes()
+        )
+    # float64: rounded to float32 (nearest even), then to float16 (a double rounding).
+    x64 = x32.astype(np.float64) + rng.standard_normal(5000) * 1e-3
+    x64[:3] = [1e300, -1e300, 1 + 2**-11 + 2**-30]  # past f32 -> inf; a double-rounding case
+    got = fq.fp32_to_fp16_bits(x64)
+    with np.errstate(over="ignore"):
+        x64_as_32 = x64.astype(np.float32)
+    assert got.tobytes() == ref.fp32_to_fp16_bits(x64_as_32).tobytes()
+    assert got[:3].tolist() == [0x7C00, 0xFC00, 0x3C00]  # 1 + 2^-11 (f32) ties to even: 1.0
+    assert fq.fp32_to_fp16_bits([1.0, 2.0]).tolist() == [0x3C00, 0x4000]
+    assert fq.fp32_to_fp16_bits(x64[:2000]).tobytes() == got[:2000].tobytes()  # small: one thread

@@ -12,25 +12,26 @@ from typing import Any
 import numpy as np
 
 from . import _ferroquant as _native
-from ._checks import describe, is_array_of, kernel_layout
+from ._checks import describe, float_input, is_array_of, kernel_layout
 
 __all__ = ["fp16_bits_to_fp32", "fp32_to_fp16_bits"]
 
 
 def fp32_to_fp16_bits(x: Any) -> np.ndarray:
-    """``uint16`` array of ``x``'s shape: the binary16 bits of each float32 value,
-    rounded to nearest even.
+    """``uint16`` array of ``x``'s shape: the binary16 bits of each value read as
+    float32, rounded to nearest even.
+
+    float16, bfloat16 and float64 input is read as float32 first, as every kernel
+    reads its input (SPEC's general rules): exactly for float16 and bfloat16; a
+    float64 value is rounded to float32 and then to float16, which can differ by
+    one unit from rounding it to float16 directly. A float64 value past
+    float32's range is ±inf (the bits of infinity).
 
     Raises:
-        TypeError: ``x`` is not a float32 array (convert other types first: a float64
-            value rounded twice would not be the nearest half).
+        TypeError: ``x`` is not a floating array (float32, float64, float16 or bfloat16).
     """
-    if isinstance(x, np.generic):
-        x = np.asarray(x)  # a NumPy scalar: a 0-d array of its type
-    if not is_array_of(x, np.float32):
-        raise TypeError(f"x must be a float32 array, got {describe(x)}")
-    arr = kernel_layout(x, np.dtype(np.float32))
-    return _native.fp32_to_fp16_bits(arr).reshape(x.shape)
+    arr = float_input(x, "x")
+    return _native.fp32_to_fp16_bits(arr).reshape(arr.shape)
 
 
 def fp16_bits_to_fp32(bits: Any) -> np.ndarray:

@@ -1,28 +1,30 @@
 //! float16 bits (SPEC §5): extract, release the GIL around one
 //! `ops::f16bits` call, return the NumPy-allocated result (flat).
 
-use super::arrays::{exact, output, writable};
+use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
 use crate::ops::f16bits;
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-/// Flat uint16 binary16 bits of the float32 `x` (C order).
+/// Flat uint16 binary16 bits of the float `x` (C order; f64, f16 and bf16
+/// values read as f32 first, as every kernel reads them).
 #[pyfunction]
 pub(crate) fn fp32_to_fp16_bits<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray1<u16>>> {
-    let x = exact::<f32>("x", "float32", x)?;
-    let xs = x.as_slice()?;
-    let out = output::<u16>(py, xs.len())?;
-    {
-        let mut ow = writable(&out)?;
-        let os = ow.as_slice_mut()?;
-        py.detach(|| f16bits::fp32_to_fp16_bits(xs, os))
-            .map_err(|e| to_pyerr(py, e))?;
-    }
-    Ok(out)
+    let x = FloatArray::extract("x", x)?;
+    with_float_slice!(x, xs => {
+        let out = output::<u16>(py, xs.len())?;
+        {
+            let mut ow = writable(&out)?;
+            let os = ow.as_slice_mut()?;
+            py.detach(|| f16bits::float_to_fp16_bits(xs, os))
+                .map_err(|e| to_pyerr(py, e))?;
+        }
+        Ok(out)
+    })
 }
 
 /// Flat float32 values of the uint16 binary16 `bits` (C order).

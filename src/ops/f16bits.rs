@@ -20,6 +20,7 @@
 //! # }
 //! ```
 
+use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::parallel;
 use crate::simd::{self, Isa};
@@ -49,6 +50,41 @@ pub fn fp32_to_fp16_bits_with(isa: Isa, x: &[f32], out: &mut [u16]) -> Result<()
                 .for_each(|(xs, os)| simd::f32_to_f16(isa, xs, os));
         } else {
             simd::f32_to_f16(isa, x, out);
+        }
+    });
+    Ok(())
+}
+
+/// [`fp32_to_fp16_bits`] of any float input, each value first read as f32 as
+/// every kernel reads its input (SPEC: f64 rounded to nearest even, f16 and
+/// bf16 exactly; a value past f32's range becomes ±inf, converted as such).
+/// An f64 value is thus rounded twice, to f32 and then to f16.
+///
+/// Errors: `ShapeMismatch` naming `out` when the lengths differ.
+pub fn float_to_fp16_bits<T: Float>(x: &[T], out: &mut [u16]) -> Result<()> {
+    if let Some(xf) = T::as_f32_slice(x) {
+        return fp32_to_fp16_bits(xf, out);
+    }
+    check(x.len(), out.len())?;
+    let isa = Isa::detected();
+    let _env = simd::fpenv::Pinned::new();
+    let out: &mut [f16] = out.reinterpret_cast_mut();
+    // A task's values through a stage of f32 (a task at a time: never the
+    // whole input up-cast).
+    let task = |xs: &[T], os: &mut [f16]| {
+        let mut stage = vec![0f32; xs.len()];
+        T::convert_to_f32(isa, xs, &mut stage);
+        simd::f32_to_f16(isa, &stage, os);
+    };
+    parallel::run(x.len(), |par| {
+        if par {
+            x.par_chunks(TASK)
+                .zip(out.par_chunks_mut(TASK))
+                .for_each(|(xs, os)| task(xs, os));
+        } else {
+            x.chunks(TASK)
+                .zip(out.chunks_mut(TASK))
+                .for_each(|(xs, os)| task(xs, os));
         }
     });
     Ok(())
