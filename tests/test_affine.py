@@ -175,6 +175,10 @@ def test_quantized_tensor_accounting_and_repr(rng):
     x = rng.standard_normal((10, 7)).astype(np.float32)
     q = fq.quantize(x, fq.QuantConfig.int4_per_channel())
     assert q.numel() == 70 and q.size_bytes() == 35 and q.compression_ratio() == 8.0
+    # The seed's f64 `fp32_bytes / size_bytes` of an empty tensor is 0 / 0.
+    for config in (fq.QuantConfig.int8(), fq.QuantConfig.int4_per_channel()):
+        empty = fq.quantize(np.zeros((0, 3), np.float32), config)
+        assert empty.size_bytes() == 0 and np.isnan(empty.compression_ratio())
     assert q.nbytes == 35 + 8 * 10 + 8 * 10
     assert repr(q) == (
         "QuantizedTensor(shape=(10, 7), scheme='int4-per-channel', dtype=float32, ratio=8.00x)"

@@ -267,9 +267,10 @@ class QuantizedTensor(Quantized):
         return n if self.config.bits == 8 else -(-n // 2)
 
     def compression_ratio(self) -> float:
-        """``4 * numel / size_bytes()`` in float64 as the seed computes it (1.0 when empty)."""
+        """``4 * numel / size_bytes()`` in float64 as the seed computes it: NaN (0/0)
+        when empty, as the seed's f64 division gives."""
         size = self.size_bytes()
-        return float(self.numel() * 4) / float(size) if size else 1.0
+        return float(self.numel() * 4) / float(size) if size else math.nan
 
     def values(self) -> np.ndarray:
         """The codes as ``int8[numel]``, unpacked for int4."""
