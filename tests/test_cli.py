@@ -692,3 +692,23 @@ def test_a_spill_that_fills_the_disk_names_the_output(tmp_path, rng):
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "File too large" in r.stderr and str(out) in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.safetensors"]
+
+
+def test_errors_of_values_near_the_float64_limit_are_finite(tmp_path, rng):
+    # Finite values up to 1.7e308: |err| sums overflowed float64 (mean|err| inf,
+    # above max|err|, and --json failed on it).
+    src, out = tmp_path / "huge.safetensors", tmp_path / "q.safetensors"
+    w = rng.uniform(0.85e308, 1.7e308, (64, 64)) * rng.choice([-1.0, 1.0], (64, 64))
+    stn.save_file({"huge": w}, str(src))
+    r = cli("compare", str(src), "--schemes", "int8", "--json", "-", "--no-progress")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    (row,) = json.loads(r.stdout)["schemes"]
+    restored = fq.dequantize(fq.quantize(w)).astype(np.float64)
+    err = np.abs(restored / 2 - w / 2) * 2
+    assert row["max_abs_err"] == err.max()
+    assert row["mean_abs_err"] == pytest.approx(np.mean(err / 1e300) * 1e300, rel=1e-12)
+    assert 0 < row["mean_abs_err"] <= row["max_abs_err"] and np.isfinite(row["sqnr_db"])
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8", "--no-progress")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("huge "))
+    assert "inf" not in line and "nan" not in line

@@ -87,14 +87,22 @@ def error_stats(
 
     Chunked so that the statistics never need more than a few MiB beside the
     tensor itself, which keeps the command's memory near the largest tensor.
+    The sum behind the mean is kept scaled (:class:`_Scaled`): errors near
+    float64's largest value do not overflow it.
     """
     a, b = original.reshape(-1), restored.reshape(-1)
-    worst, total = 0.0, 0.0
+    worst, total = 0.0, _Scaled(1)
     for i in range(0, a.size, step):
-        d = np.abs(b[i : i + step].astype(np.float64) - a[i : i + step].astype(np.float64))
-        worst = _worse(worst, float(d.max()))
-        total += float(d.sum())
-    return worst, total / a.size if a.size else 0.0
+        d = _half_error(a[i : i + step], b[i : i + step])
+        worst = _worse(worst, float(np.abs(d).max()))
+        total.add(d)
+    return 2 * worst, 2 * total.mean(a.size)
+
+
+def _half_error(original: np.ndarray, restored: np.ndarray) -> np.ndarray:
+    """``(restored - original) / 2`` in float64: halving first keeps the difference of
+    two finite values finite (the caller doubles what it reports)."""
+    return restored.astype(np.float64) * 0.5 - original.astype(np.float64) * 0.5
 
 
 def _cli_words(text: str) -> str:
@@ -307,12 +315,14 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                         file=sys.stderr,
                     )
                 ms = (time.perf_counter() - t0) * 1e3
-                max_err, mean_err = error_stats(arr, quantizer.dequantize(q))
-                if not math.isfinite(max_err):
+                restored = quantizer.dequantize(q)
+                max_err, mean_err = error_stats(arr, restored)
+                finite = _all_finite(restored)
+                del restored
+                if not finite:
                     print(
                         f"ferroquant: warning: {_shown(name)}: it dequantizes to values that are "
-                        f"not finite (max|err| {max_err}): its range overflows the scheme's "
-                        "arithmetic",
+                        "not finite: its range overflows the scheme's arithmetic",
                         file=sys.stderr,
                     )
                 writer.add(name, q)
@@ -493,14 +503,15 @@ def _quantize_json(
 _FLOAT_TAGS = frozenset({"F16", "BF16", "F32", "F64"})
 
 
-class _SumSq:
-    """A sum of squares held as ``scale² · ssq`` (the update of LAPACK's ``dnrm2``), so
-    that values near float64's largest do not overflow it (a plain sum of x² does above
-    about 1e154)."""
+class _Scaled:
+    """A sum of ``|v|**power`` (1 or 2) held as ``scale**power · ssq`` (the update of
+    LAPACK's ``dnrm2``), so that values near float64's largest do not overflow it (a
+    plain float64 sum of |x| does past 1.8e308, of x² past about 1e154)."""
 
-    __slots__ = ("scale", "ssq")
+    __slots__ = ("power", "scale", "ssq")
 
-    def __init__(self) -> None:
+    def __init__(self, power: int) -> None:
+        self.power = power
         self.scale = self.ssq = 0.0
 
     def add(self, v: np.ndarray) -> None:
@@ -510,13 +521,13 @@ class _SumSq:
             return
         if m == 0.0:
             return
-        u = v / m
-        part = float(np.dot(u, u))
+        u = np.abs(v) / m
+        part = float(np.dot(u, u)) if self.power == 2 else float(u.sum())
         if m > self.scale:
-            self.ssq = self.ssq * (self.scale / m) ** 2 + part
+            self.ssq = self.ssq * (self.scale / m) ** self.power + part
             self.scale = m
         else:
-            self.ssq += part * (m / self.scale) ** 2
+            self.ssq += part * (m / self.scale) ** self.power
 
     def log10(self) -> float:
         """log10 of the sum (-inf for 0, NaN after a non-finite value)."""
@@ -524,7 +535,14 @@ class _SumSq:
             return math.nan
         if self.ssq == 0.0:
             return -math.inf
-        return 2 * math.log10(self.scale) + math.log10(self.ssq)
+        return self.power * math.log10(self.scale) + math.log10(self.ssq)
+
+    def mean(self, count: int) -> float:
+        """The sum (of ``|v|``) over ``count`` values: 0.0 for none, NaN after a
+        non-finite value."""
+        if math.isnan(self.ssq):
+            return math.nan
+        return self.scale * (self.ssq / count) if count else 0.0
 
 
 class _Tally:
@@ -535,8 +553,8 @@ class _Tally:
     def __init__(self) -> None:
         self.held = 0
         self.max_err = 0.0
-        self.sum_abs = 0.0
-        self.signal, self.err = _SumSq(), _SumSq()
+        self.sum_abs = _Scaled(1)
+        self.signal, self.err = _Scaled(2), _Scaled(2)
         self.count = 0
         self.seconds = 0.0
 
@@ -544,14 +562,15 @@ class _Tally:
         """Fold one tensor's errors in, a slice at a time (a few MiB beside the tensor)."""
         a, b = original.reshape(-1), restored.reshape(-1)
         for i in range(0, a.size, step):
-            x = a[i : i + step].astype(np.float64)
-            d = b[i : i + step].astype(np.float64) - x
-            ad = np.abs(d)
-            self.max_err = _worse(self.max_err, float(ad.max()))
-            self.sum_abs += float(ad.sum())
-            self.err.add(d)
-            self.signal.add(x)
+            d = _half_error(a[i : i + step], b[i : i + step])
+            self.max_err = _worse(self.max_err, 2 * float(np.abs(d).max()))
+            self.sum_abs.add(d)
+            self.err.add(d)  # halved as the signal is: the ratio is the same
+            self.signal.add(a[i : i + step].astype(np.float64) * 0.5)
         self.count += a.size
+
+    def mean_err(self) -> float:
+        return 2 * self.sum_abs.mean(self.count)
 
     def sqnr_db(self) -> float:
         """Signal power over error power, in dB (inf for an exact result)."""
@@ -700,7 +719,7 @@ def _compare(
                 "bytes": size,
                 "ratio": total / size if size else 1.0,
                 "max_abs_err": tal.max_err,
-                "mean_abs_err": tal.sum_abs / tal.count if tal.count else 0.0,
+                "mean_abs_err": tal.mean_err(),
                 "sqnr_db": tal.sqnr_db(),
                 "seconds": tal.seconds,
             }
