@@ -382,3 +382,60 @@ def test_loading_int4_values_does_not_unpack_them(tmp_path, rng):
     packed = got["a"].data.nbytes + got["d"].data.nbytes  # 2 MiB each
     # The two packed arrays, plus slices of a MiB: not the 4 MiB of unpacked codes each.
     assert peak < packed + (3 << 20), (peak, packed)
+
+
+@pytest.mark.parametrize(
+    "tail, exc",
+    [
+        ("new/.", FileNotFoundError),
+        ("keep.safetensors/.", NotADirectoryError),
+        ("nodir/../y.safetensors", FileNotFoundError),
+        ("keep.safetensors/../z.safetensors", NotADirectoryError),
+        ("sub/..", IsADirectoryError),
+    ],
+)
+def test_paths_are_resolved_as_open_would(tmp_path, tail, exc):
+    # realpath() flattens `x/.` and `x/..` without asking whether x is a directory.
+    keep = tmp_path / "keep.safetensors"
+    keep.write_bytes(b"orig")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(exc):
+        fq.save(f"{tmp_path}/{tail}", {"a": np.ones(2, np.float32)})
+    assert keep.read_bytes() == b"orig"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.safetensors", "sub"]
+
+
+def test_a_header_naming_a_tensor_or_metadata_key_twice_is_refused():
+    t = {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}
+    one = json.dumps({"p": t})
+    twice = "{" + one[1:-1] + "," + one[1:-1] + "}"
+    with pytest.raises(fq.FormatError, match='name "p" appears twice'):
+        fq.load_bytes(craft_text(twice, b"\0\0"))
+    meta = '{"__metadata__": {"k": "a", "k": "b"}, ' + one[1:]
+    with pytest.raises(fq.FormatError, match='"k" appears twice'):
+        fq.load_bytes(craft_text(meta, b"\0\0"))
+
+
+def craft_text(text: str, data: bytes) -> bytes:
+    raw = text.encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def test_a_streaming_writer_closes_once(tmp_path):
+    from ferroquant.serialization import StreamingWriter
+
+    path = tmp_path / "s.safetensors"
+    w = StreamingWriter(path)
+    w.add("a", np.arange(3, dtype=np.float32))
+    w.close()
+    w.close()  # nothing more to do
+    with pytest.raises(ValueError, match="is closed"):
+        w.add("b", np.ones(2, np.float32))
+    np.testing.assert_array_equal(fq.load(path)["a"], np.arange(3, dtype=np.float32))
+
+
+def test_a_ragged_list_is_a_type_error_naming_the_argument():
+    for f in (fq.fp32_to_fp16_bits, fq.quantize, fq.dynamic_quantize_int8, fq.quantize_blockwise):
+        with pytest.raises(TypeError, match="x must be a floating array"):
+            f([[1.0, 2.0], [3.0]])

@@ -265,7 +265,10 @@ def float_input(x: Any, arg: str) -> np.ndarray:
         flags = x.flags
         if flags.c_contiguous and flags.aligned:
             return x  # the common case, checked first: small calls stay cheap
-    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    try:
+        arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    except ValueError as e:  # a ragged nested list
+        raise TypeError(f"{arg} must be a floating array: {e}") from None
     dt = arr.dtype
     if not is_float_dtype(dt):
         raise TypeError(

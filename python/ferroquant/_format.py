@@ -273,9 +273,20 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     parent = os.path.dirname(real) or "."
     if os.path.isdir(real):
         raise _os_error(errno.EISDIR, dest)
+    # `realpath` flattens what `open` would resolve step by step: a trailing
+    # slash, `.` or `..` last names a directory (EISDIR whether or not it
+    # exists), and `x/..` or `x/./y` need `x` to be a directory.
     if dest.endswith(tuple(filter(None, (os.sep, os.altsep)))):
-        # `realpath` drops a trailing slash, which names a directory: `open`
-        # refuses `name/` for writing (EISDIR) whether or not `name` exists.
+        raise _os_error(errno.EISDIR, dest)
+    typed_parent = os.path.dirname(dest)
+    if typed_parent:
+        try:
+            st = os.stat(typed_parent)
+        except OSError as e:
+            raise _os_error(e.errno or errno.ENOENT, dest) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _os_error(errno.ENOTDIR, dest)
+    if os.path.basename(dest) in (".", ".."):
         raise _os_error(errno.EISDIR, dest)
     if os.path.exists(real) and not os.path.isfile(real):
         # A device, FIFO or socket: replacing it with a regular file (the write

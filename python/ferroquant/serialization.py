@@ -111,6 +111,8 @@ class StreamingWriter:
 
     def add(self, name: str, value: Entry) -> None:
         """Append one array or quantized value."""
+        if self._spill.closed:
+            raise ValueError(f"the writer of {os.fspath(self._path)!r} is closed")
         flat, meta = _format.flatten({name: value}, None)
         for key in flat:
             if key in self._index:
@@ -128,7 +130,9 @@ class StreamingWriter:
         self._meta.update(meta)
 
     def close(self) -> None:
-        """Write the file and drop the spill."""
+        """Write the file and drop the spill (once: closing again does nothing)."""
+        if self._spill.closed:
+            return
         try:
             try:
                 self._spill.flush()

@@ -63,6 +63,12 @@ pub fn representable(shape: &[usize], itemsize: usize, max_ndim: usize) -> bool 
 /// checks that the data ends exactly at the end of the file, as the crate's
 /// own reader does.
 pub fn parse_header(header: &[u8], file_len: usize, max_ndim: usize) -> Result<Header> {
+    // serde keeps the last of two equal keys; a file that names a tensor or a
+    // metadata key twice would read one way here and another in a reader that
+    // keeps the first.
+    let mut json = serde_json::Deserializer::from_slice(header);
+    serde::de::DeserializeSeed::deserialize(UniqueKeys { top: true }, &mut json)
+        .map_err(|e| format(format!("bad header: {e}")))?;
     let meta: Metadata =
         serde_json::from_slice(header).map_err(|e| format(format!("bad header: {e}")))?;
     let expected = PREFIX_LEN
@@ -104,12 +110,89 @@ pub fn parse_header(header: &[u8], file_len: usize, max_ndim: usize) -> Result<H
     Ok(Header { metadata, tensors })
 }
 
+/// A pass over the header that refuses a key given twice in the top-level
+/// object (tensor names) or in its `__metadata__` object (values unread).
+struct UniqueKeys {
+    top: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKeys {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    /// `"__metadata__": null` (the crate reads it as no metadata).
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<(), E> {
+        if self.top {
+            return Err(E::custom("the header must be a JSON object"));
+        }
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                let what = if self.top { "name" } else { "__metadata__ key" };
+                return Err(serde::de::Error::custom(format!(
+                    "the {what} {key:?} appears twice"
+                )));
+            }
+            if self.top && key == "__metadata__" {
+                map.next_value_seed(UniqueKeys { top: false })?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+            seen.insert(key);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(json: &str, data: usize) -> Result<Header> {
         parse_header(json.as_bytes(), PREFIX_LEN + json.len() + data, 64)
+    }
+
+    #[test]
+    fn a_name_or_metadata_key_given_twice_is_refused() {
+        let t = r#""p":{"dtype":"I8","shape":[2],"data_offsets":[0,2]}"#;
+        let twice = format!(r#"{{{t},{t}}}"#);
+        let err = parse(&twice, 2).unwrap_err().to_string();
+        assert!(err.contains(r#"the name "p" appears twice"#), "{err}");
+        let meta = format!(r#"{{"__metadata__":{{"k":"a","k":"b"}},{t}}}"#);
+        let err = parse(&meta, 2).unwrap_err().to_string();
+        assert!(
+            err.contains(r#"the __metadata__ key "k" appears twice"#),
+            "{err}"
+        );
+        // Equal keys at different levels, and a null __metadata__, are fine.
+        let ok = format!(r#"{{"__metadata__":{{"p":"x"}},{t}}}"#);
+        assert_eq!(
+            parse(&ok, 2).unwrap().metadata,
+            vec![("p".into(), "x".into())]
+        );
+        let null = format!(r#"{{"__metadata__":null,{t}}}"#);
+        assert!(parse(&null, 2).unwrap().metadata.is_empty());
+        // Keys are compared after unescaping.
+        let escaped = format!(r#"{{"__metadata__":{{"k":"a","k":"b"}},{t}}}"#);
+        assert!(parse(&escaped, 2).is_err());
     }
 
     #[test]
