@@ -439,3 +439,40 @@ def test_a_ragged_list_is_a_type_error_naming_the_argument():
     for f in (fq.fp32_to_fp16_bits, fq.quantize, fq.dynamic_quantize_int8, fq.quantize_blockwise):
         with pytest.raises(TypeError, match="x must be a floating array"):
             f([[1.0, 2.0], [3.0]])
+
+
+@pytest.mark.parametrize(
+    "target, exc",
+    [
+        ("keep.safetensors/.", NotADirectoryError),
+        ("keep.safetensors/", IsADirectoryError),
+        ("nodir/../made.safetensors", FileNotFoundError),
+        ("keep.safetensors/../made.safetensors", NotADirectoryError),
+    ],
+)
+def test_a_symlink_is_followed_as_open_would(tmp_path, target, exc):
+    # The link's target is checked like a typed path: realpath() would have
+    # flattened it to keep.safetensors (replaced) or made.safetensors (created).
+    keep = tmp_path / "keep.safetensors"
+    keep.write_bytes(b"orig")
+    (tmp_path / "evil").symlink_to(target)
+    with pytest.raises(exc):
+        fq.save(tmp_path / "evil", {"a": np.ones(2, np.float32)})
+    assert keep.read_bytes() == b"orig"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil", "keep.safetensors"]
+    # A link to a file (existing or not) is written through, as before.
+    (tmp_path / "good").symlink_to("keep.safetensors")
+    fq.save(tmp_path / "good", {"a": np.ones(2, np.float32)})
+    assert (tmp_path / "good").is_symlink() and "a" in fq.load(keep)
+
+
+@pytest.mark.parametrize(
+    "path, exc",
+    [("", FileNotFoundError), ("keep.safetensors/..", NotADirectoryError)],
+)
+def test_errors_of_odd_paths_are_open_s(tmp_path, monkeypatch, path, exc):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep.safetensors").write_bytes(b"orig")
+    with pytest.raises(exc):
+        fq.save(path, {"a": np.ones(2, np.float32)})
+    assert (tmp_path / "keep.safetensors").read_bytes() == b"orig"

@@ -259,6 +259,44 @@ def _os_error(code: int, path: str) -> OSError:
     return OSError(code, os.strerror(code), path)
 
 
+#: Symbolic links ``open`` follows before giving up with ELOOP (Linux's limit).
+_MAX_LINKS = 40
+
+
+def _check_as_open_would(path: str, shown: str, links: int = 0) -> None:
+    """Raise what ``open(path, "w")`` would for what ``realpath`` flattens.
+
+    ``realpath`` reads ``x/.``, ``x/..`` and a trailing slash as text, without
+    asking whether ``x`` is a directory, so ``file/.`` would become ``file``.
+    ``open`` resolves step by step: the parent as written must be a directory
+    (ENOENT / ENOTDIR otherwise), a last part ``.`` or ``..`` or a trailing
+    slash names a directory (EISDIR), and a last part that is a symbolic link
+    is followed and its target checked the same way.
+    """
+    if not path:
+        raise _os_error(errno.ENOENT, shown)
+    if path.endswith(tuple(filter(None, (os.sep, os.altsep)))):
+        raise _os_error(errno.EISDIR, shown)
+    parent = os.path.dirname(path)
+    if parent:
+        try:
+            st = os.stat(parent)
+        except OSError as e:
+            raise _os_error(e.errno or errno.ENOENT, shown) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _os_error(errno.ENOTDIR, shown)
+    if os.path.basename(path) in (".", ".."):
+        raise _os_error(errno.EISDIR, shown)
+    if os.path.islink(path):
+        if links >= _MAX_LINKS:
+            raise _os_error(errno.ELOOP, shown)
+        try:
+            target = os.readlink(path)
+        except OSError as e:
+            raise _os_error(e.errno or errno.EIO, shown) from None
+        _check_as_open_would(os.path.join(parent, target), shown, links + 1)
+
+
 def prepare_destination(path: PathLike) -> Tuple[str, str]:
     """Check that ``path`` can be written as a file; returns (the user's path, the real one).
 
@@ -269,24 +307,10 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     dest = os.fspath(path)
     if not isinstance(dest, str):
         dest = os.fsdecode(dest)
+    _check_as_open_would(dest, dest)
     real = os.path.realpath(dest)
     parent = os.path.dirname(real) or "."
     if os.path.isdir(real):
-        raise _os_error(errno.EISDIR, dest)
-    # `realpath` flattens what `open` would resolve step by step: a trailing
-    # slash, `.` or `..` last names a directory (EISDIR whether or not it
-    # exists), and `x/..` or `x/./y` need `x` to be a directory.
-    if dest.endswith(tuple(filter(None, (os.sep, os.altsep)))):
-        raise _os_error(errno.EISDIR, dest)
-    typed_parent = os.path.dirname(dest)
-    if typed_parent:
-        try:
-            st = os.stat(typed_parent)
-        except OSError as e:
-            raise _os_error(e.errno or errno.ENOENT, dest) from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise _os_error(errno.ENOTDIR, dest)
-    if os.path.basename(dest) in (".", ".."):
         raise _os_error(errno.EISDIR, dest)
     if os.path.exists(real) and not os.path.isfile(real):
         # A device, FIFO or socket: replacing it with a regular file (the write

@@ -191,7 +191,8 @@ mod tests {
         let null = format!(r#"{{"__metadata__":null,{t}}}"#);
         assert!(parse(&null, 2).unwrap().metadata.is_empty());
         // Keys are compared after unescaping.
-        let escaped = format!(r#"{{"__metadata__":{{"k":"a","k":"b"}},{t}}}"#);
+        let escaped = format!(r#"{{"__metadata__":{{"k":"a","\u006b":"b"}},{t}}}"#);
+        assert!(escaped.contains(r"\u006b"));
         assert!(parse(&escaped, 2).is_err());
     }
 
