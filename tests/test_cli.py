@@ -712,3 +712,28 @@ def test_errors_of_values_near_the_float64_limit_are_finite(tmp_path, rng):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("huge "))
     assert "inf" not in line and "nan" not in line
+
+
+def test_error_statistics_of_subnormal_and_infinite_errors():
+    from ferroquant.cli import _Tally, error_stats
+
+    tiny = np.full(4, 5e-324)  # restored as 0 by int8: every value lost
+    assert error_stats(tiny, np.zeros(4)) == (5e-324, 5e-324)
+    assert error_stats(3 * tiny, np.zeros(4)) == (1.5e-323, 1.5e-323)
+    t = _Tally()
+    t.add(tiny, np.zeros(4))
+    assert t.max_err == t.mean_err() == 5e-324 and t.sqnr_db() == 0.0
+    # A restored inf (no NaN): the mean is inf as well, never NaN.
+    assert error_stats(np.array([1.0, 2.0]), np.array([np.inf, 2.0])) == (np.inf, np.inf)
+
+
+def test_a_symlink_loop_as_the_output_is_a_one_line_error(tmp_path, model):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for args in (
+        ["quantize", str(model), "-o", str(loop), "--scheme", "int8"],
+        ["compare", str(model), "--schemes", "int8", "--json", str(loop)],
+    ):
+        r = cli(*args)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert "Too many levels of symbolic links" in r.stderr

@@ -93,16 +93,17 @@ def error_stats(
     a, b = original.reshape(-1), restored.reshape(-1)
     worst, total = 0.0, _Scaled(1)
     for i in range(0, a.size, step):
-        d = _half_error(a[i : i + step], b[i : i + step])
+        d = _error(a[i : i + step], b[i : i + step])
         worst = _worse(worst, float(np.abs(d).max()))
         total.add(d)
-    return 2 * worst, 2 * total.mean(a.size)
+    return worst, total.mean(a.size)
 
 
-def _half_error(original: np.ndarray, restored: np.ndarray) -> np.ndarray:
-    """``(restored - original) / 2`` in float64: halving first keeps the difference of
-    two finite values finite (the caller doubles what it reports)."""
-    return restored.astype(np.float64) * 0.5 - original.astype(np.float64) * 0.5
+def _error(original: np.ndarray, restored: np.ndarray) -> np.ndarray:
+    """``restored - original`` in float64 (exact but for rounding; ±inf only where the
+    difference itself is past float64's largest value)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return restored.astype(np.float64) - original.astype(np.float64)
 
 
 def _cli_words(text: str) -> str:
@@ -155,7 +156,7 @@ def _same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file (also through links), as far as can be told."""
     try:
         return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
-    except OSError:
+    except (OSError, RuntimeError):  # Python 3.11's resolve() raises RuntimeError on a loop
         return False
 
 
@@ -506,18 +507,22 @@ _FLOAT_TAGS = frozenset({"F16", "BF16", "F32", "F64"})
 class _Scaled:
     """A sum of ``|v|**power`` (1 or 2) held as ``scale**power · ssq`` (the update of
     LAPACK's ``dnrm2``), so that values near float64's largest do not overflow it (a
-    plain float64 sum of |x| does past 1.8e308, of x² past about 1e154)."""
+    plain float64 sum of |x| does past 1.8e308, of x² past about 1e154). An infinite
+    value makes the sum inf, a NaN makes it NaN."""
 
-    __slots__ = ("power", "scale", "ssq")
+    __slots__ = ("power", "scale", "special", "ssq")
 
     def __init__(self, power: int) -> None:
         self.power = power
         self.scale = self.ssq = 0.0
+        self.special = 0.0  # inf or NaN once such a value was added
 
     def add(self, v: np.ndarray) -> None:
         m = float(np.abs(v).max()) if v.size else 0.0
         if not math.isfinite(m):
-            self.ssq = math.nan
+            # max() propagates NaN; inf only when there is no NaN.
+            if not math.isnan(self.special):
+                self.special = m
             return
         if m == 0.0:
             return
@@ -530,18 +535,17 @@ class _Scaled:
             self.ssq += part * (m / self.scale) ** self.power
 
     def log10(self) -> float:
-        """log10 of the sum (-inf for 0, NaN after a non-finite value)."""
-        if math.isnan(self.ssq):
-            return math.nan
+        """log10 of the sum (-inf for 0)."""
+        if self.special:
+            return self.special
         if self.ssq == 0.0:
             return -math.inf
         return self.power * math.log10(self.scale) + math.log10(self.ssq)
 
     def mean(self, count: int) -> float:
-        """The sum (of ``|v|``) over ``count`` values: 0.0 for none, NaN after a
-        non-finite value."""
-        if math.isnan(self.ssq):
-            return math.nan
+        """The sum (of ``|v|``) over ``count`` values (0.0 for none)."""
+        if self.special:
+            return self.special
         return self.scale * (self.ssq / count) if count else 0.0
 
 
@@ -562,15 +566,15 @@ class _Tally:
         """Fold one tensor's errors in, a slice at a time (a few MiB beside the tensor)."""
         a, b = original.reshape(-1), restored.reshape(-1)
         for i in range(0, a.size, step):
-            d = _half_error(a[i : i + step], b[i : i + step])
-            self.max_err = _worse(self.max_err, 2 * float(np.abs(d).max()))
+            d = _error(a[i : i + step], b[i : i + step])
+            self.max_err = _worse(self.max_err, float(np.abs(d).max()))
             self.sum_abs.add(d)
-            self.err.add(d)  # halved as the signal is: the ratio is the same
-            self.signal.add(a[i : i + step].astype(np.float64) * 0.5)
+            self.err.add(d)
+            self.signal.add(a[i : i + step].astype(np.float64))
         self.count += a.size
 
     def mean_err(self) -> float:
-        return 2 * self.sum_abs.mean(self.count)
+        return self.sum_abs.mean(self.count)
 
     def sqnr_db(self) -> float:
         """Signal power over error power, in dB (inf for an exact result)."""
