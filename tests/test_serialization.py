@@ -384,25 +384,43 @@ def test_loading_int4_values_does_not_unpack_them(tmp_path, rng):
     assert peak < packed + (3 << 20), (peak, packed)
 
 
+@pytest.mark.parametrize("via_link", [False, True], ids=["typed", "through-a-link"])
 @pytest.mark.parametrize(
-    "tail, exc",
+    "path, exc",
     [
         ("new/.", FileNotFoundError),
         ("keep.safetensors/.", NotADirectoryError),
-        ("nodir/../y.safetensors", FileNotFoundError),
-        ("keep.safetensors/../z.safetensors", NotADirectoryError),
+        ("keep.safetensors/", IsADirectoryError),
+        ("nodir/../made.safetensors", FileNotFoundError),
+        ("keep.safetensors/../made.safetensors", NotADirectoryError),
         ("sub/..", IsADirectoryError),
     ],
 )
-def test_paths_are_resolved_as_open_would(tmp_path, tail, exc):
-    # realpath() flattens `x/.` and `x/..` without asking whether x is a directory.
+def test_paths_are_resolved_as_open_would(tmp_path, path, exc, via_link):
+    # realpath() flattens `x/.` and `x/..` without asking whether x is a
+    # directory: fq.save would have replaced keep.safetensors or made
+    # made.safetensors. A link's target is checked the same way.
     keep = tmp_path / "keep.safetensors"
     keep.write_bytes(b"orig")
     (tmp_path / "sub").mkdir()
+    if via_link:
+        (tmp_path / "evil").symlink_to(path)
     with pytest.raises(exc):
-        fq.save(f"{tmp_path}/{tail}", {"a": np.ones(2, np.float32)})
+        fq.save(tmp_path / "evil" if via_link else f"{tmp_path}/{path}", {"a": np.ones(2)})
     assert keep.read_bytes() == b"orig"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.safetensors", "sub"]
+    names = ["keep.safetensors", "sub"] + (["evil"] if via_link else [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+
+
+def test_a_link_to_a_file_is_written_through(tmp_path):
+    (tmp_path / "keep.safetensors").write_bytes(b"orig")
+    (tmp_path / "good").symlink_to("keep.safetensors")
+    (tmp_path / "new").symlink_to("made.safetensors")  # dangling: the target is made
+    for name in ("good", "new"):
+        fq.save(tmp_path / name, {"a": np.ones(2, np.float32)})
+        assert (tmp_path / name).is_symlink()
+    assert "a" in fq.load(tmp_path / "keep.safetensors")
+    assert "a" in fq.load(tmp_path / "made.safetensors")
 
 
 def test_a_header_naming_a_tensor_or_metadata_key_twice_is_refused():
@@ -439,31 +457,6 @@ def test_a_ragged_list_is_a_type_error_naming_the_argument():
     for f in (fq.fp32_to_fp16_bits, fq.quantize, fq.dynamic_quantize_int8, fq.quantize_blockwise):
         with pytest.raises(TypeError, match="x must be a floating array"):
             f([[1.0, 2.0], [3.0]])
-
-
-@pytest.mark.parametrize(
-    "target, exc",
-    [
-        ("keep.safetensors/.", NotADirectoryError),
-        ("keep.safetensors/", IsADirectoryError),
-        ("nodir/../made.safetensors", FileNotFoundError),
-        ("keep.safetensors/../made.safetensors", NotADirectoryError),
-    ],
-)
-def test_a_symlink_is_followed_as_open_would(tmp_path, target, exc):
-    # The link's target is checked like a typed path: realpath() would have
-    # flattened it to keep.safetensors (replaced) or made.safetensors (created).
-    keep = tmp_path / "keep.safetensors"
-    keep.write_bytes(b"orig")
-    (tmp_path / "evil").symlink_to(target)
-    with pytest.raises(exc):
-        fq.save(tmp_path / "evil", {"a": np.ones(2, np.float32)})
-    assert keep.read_bytes() == b"orig"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil", "keep.safetensors"]
-    # A link to a file (existing or not) is written through, as before.
-    (tmp_path / "good").symlink_to("keep.safetensors")
-    fq.save(tmp_path / "good", {"a": np.ones(2, np.float32)})
-    assert (tmp_path / "good").is_symlink() and "a" in fq.load(keep)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 import numpy as np
 
 from . import _format
-from .errors import FormatError
+from .errors import FormatError, InvalidConfigError
 
 Q = TypeVar("Q", bound="Quantized")
 
@@ -65,6 +65,22 @@ def first_int4_outside(data: np.ndarray, n: int, lo: int, hi: int) -> Optional[T
                 if k < n and not lo <= code <= hi:
                     return k, code
     return None
+
+
+def check_codes(data: np.ndarray, n: int, lo: int, hi: int, int4: bool) -> None:
+    """InvalidConfigError naming the first of the ``n`` codes of ``data`` (packed two a
+    byte when ``int4``) outside ``lo..hi``; nothing the size of the codes is made."""
+    if int4:
+        found = first_int4_outside(data, n, lo, hi)
+    elif data.size and (data.min() < lo or data.max() > hi):
+        k = int(np.flatnonzero((data < lo) | (data > hi))[0])
+        found = k, int(data[k])
+    else:
+        found = None
+    if found is not None:
+        raise InvalidConfigError(
+            f"data must hold codes in {lo}..{hi}, got {found[1]} at index {found[0]}"
+        )
 
 
 def _jsonable(v: Any) -> Any:

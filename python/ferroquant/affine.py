@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Dict, Iterable, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, first_int4_outside, unpack_int4
+from ._base import Quantized, check_codes, unpack_int4
 from ._checks import (
     describe,
     float_input,
@@ -232,18 +232,7 @@ class QuantizedTensor(Quantized):
             raise InvalidConfigError("zero_points must be finite integers")
         if config.mode == "symmetric" and zps.size and (zps != 0).any():
             raise InvalidConfigError("zero_points must be 0 for a symmetric config")
-        lo, hi = config.qmin, config.qmax
-        if config.bits == 4:
-            found = first_int4_outside(data, n, lo, hi)
-        elif data.size and (data.min() < lo or data.max() > hi):
-            k = int(np.flatnonzero((data < lo) | (data > hi))[0])
-            found = k, int(data[k])
-        else:
-            found = None
-        if found is not None:
-            raise InvalidConfigError(
-                f"data must hold codes in {lo}..{hi}, got {found[1]} at index {found[0]}"
-            )
+        check_codes(data, n, config.qmin, config.qmax, config.bits == 4)
         if config.bits == 4 and n % 2 == 1 and data[-1] >> 4 != 0:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         object.__setattr__(self, "shape", shape)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Tuple, Union
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, f32_ratio, first_int4_outside, unpack_int4
+from ._base import Quantized, check_codes, f32_ratio, unpack_int4
 from ._checks import (
     describe,
     exact_float,
@@ -156,17 +156,7 @@ class DynQuantTensor(Quantized):
         clip = 7 if int4 else 127
         if int4 and n % 2 and data.size and data[-1] >> 4:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
-        if int4:
-            found = first_int4_outside(data, n, -clip, clip)
-        elif data.size and (data.min() < -clip or data.max() > clip):
-            k = int(np.flatnonzero(np.abs(data.astype(np.int16)) > clip)[0])
-            found = k, int(data[k])
-        else:
-            found = None
-        if found is not None:
-            raise InvalidConfigError(
-                f"data must hold codes in -{clip}..{clip}, got {found[1]} at index {found[0]}"
-            )
+        check_codes(data, n, -clip, clip, int4)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "scales", scales)
