@@ -27,8 +27,8 @@
 use crate::error::{QuantError, Result};
 use crate::simd::fpenv;
 use rayon::{ThreadPool, ThreadPoolBuilder};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 /// Calls with less work than this stay on the calling thread: below it the
 /// hand-off to the pool (waking its workers, 15-50 µs on the 2-vCPU build VM)
@@ -67,11 +67,47 @@ static FAILED: AtomicUsize = AtomicUsize::new(0);
 /// The live pool: the process that built it, its size, the pool.
 type Live = Option<(u32, usize, Arc<ThreadPool>)>;
 static POOL: Mutex<Live> = Mutex::new(None);
+/// The process whose thread last took [`POOL`]'s lock (0: none yet).
+static HOLDER: AtomicU32 = AtomicU32::new(0);
 
-fn lock() -> MutexGuard<'static, Live> {
-    // Every write under this lock is a single assignment, so a poisoned lock
-    // still holds a consistent value.
-    POOL.lock().unwrap_or_else(|p| p.into_inner())
+/// [`POOL`]'s lock, or `None` when it is held by a thread of another process:
+/// a `fork()` while one of the parent's threads held it (for the few
+/// instructions of a swap, or longer if that thread was preempted there)
+/// copies it locked into the child, where no thread will ever release it.
+/// Waiting would hang the child; callers then run on the calling thread,
+/// which gives the same results. A thread of this process that has the lock
+/// but has not yet recorded itself may send another one that way once, too.
+fn lock() -> Option<MutexGuard<'static, Live>> {
+    let pid = std::process::id();
+    loop {
+        match POOL.try_lock() {
+            Ok(guard) => {
+                HOLDER.store(pid, Ordering::Release);
+                return Some(guard);
+            }
+            // Every write under this lock is a single assignment, so a
+            // poisoned lock still holds a consistent value.
+            Err(TryLockError::Poisoned(p)) => {
+                HOLDER.store(pid, Ordering::Release);
+                return Some(p.into_inner());
+            }
+            Err(TryLockError::WouldBlock) => {
+                if HOLDER.load(Ordering::Acquire) != pid {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Test hook, not for use: hold the pool's lock for `d`, the state a `fork()`
+/// landing inside a swap copies into the child (see [`lock`]).
+#[doc(hidden)]
+pub fn hold_pool_lock_for(d: std::time::Duration) {
+    let guard = lock();
+    std::thread::sleep(d);
+    drop(guard);
 }
 
 /// Parse a `FERROQUANT_NUM_THREADS` value: an integer in `1..=MAX_THREADS`.
@@ -187,8 +223,12 @@ pub fn set_num_threads(n: usize) -> Result<()> {
     REQUESTED.store(n, Ordering::Release);
     FAILED.store(0, Ordering::Release);
     // Drop the old pool outside the lock: its idle workers exit on their own.
-    let old = lock().take();
-    release(old);
+    // (With the lock stuck after a fork there is no pool of ours to drop.)
+    if let Some(mut guard) = lock() {
+        let old = guard.take();
+        drop(guard);
+        release(old);
+    }
     Ok(())
 }
 
@@ -213,7 +253,7 @@ fn pool() -> Option<Arc<ThreadPool>> {
         return None;
     }
     let pid = std::process::id();
-    if let Some((owner, n, p)) = lock().as_ref() {
+    if let Some((owner, n, p)) = lock()?.as_ref() {
         if *owner == pid && *n == want {
             return Some(Arc::clone(p));
         }
@@ -226,7 +266,9 @@ fn pool() -> Option<Arc<ThreadPool>> {
             return None;
         }
     };
-    let mut guard = lock();
+    let Some(mut guard) = lock() else {
+        return None; // `built` is dropped here (this process's own threads)
+    };
     if let Some((owner, n, p)) = guard.as_ref() {
         if *owner == pid && *n == want {
             // Another thread installed an equal pool first: use it, drop ours.

@@ -1084,3 +1084,42 @@ def test_smooth_config_round_trips_keep_the_float32_values():
     assert len(str(err.value)) < 120
     with pytest.raises(TypeError, match="scale"):
         fq.QuantizedWeights.from_f32("w", x, (4,), scale=Broken(2.0))
+
+
+def test_fork_while_a_thread_holds_the_pool_lock_does_not_hang_the_child():
+    # A fork() landing while another thread holds the pool's (brief) lock
+    # copies it locked into the child, where nobody releases it: the child
+    # must run its kernels on its own thread instead of waiting forever.
+    r = run_python(
+        """
+        import os, threading, time
+        import numpy as np, ferroquant as fq
+        from ferroquant import _ferroquant as native
+        fq.set_num_threads(2)
+        x = np.ones(1 << 22, np.float32)
+        want = fq.quantize_blockwise(x)
+        t = threading.Thread(target=native._hold_pool_lock, args=(2.0,))
+        t.start()
+        time.sleep(0.3)
+        pid = os.fork()
+        if pid == 0:
+            fq.set_num_threads(2)  # the stuck lock: no pool to drop, no hang
+            ok = fq.quantize_blockwise(x) == want and fq.get_num_threads() == 2
+            os._exit(0 if ok else 3)
+        deadline = time.time() + 60
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.time() > deadline:
+                os.kill(pid, 9)
+                raise SystemExit("child hung")
+            time.sleep(0.01)
+        t.join()
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert fq.quantize_blockwise(x) == want  # the parent's lock came back
+        print("ok")
+        """,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -17,6 +17,14 @@ pub(crate) fn get_num_threads() -> usize {
     parallel::get_num_threads()
 }
 
+/// Test hook: hold the thread pool's lock for `seconds`, the GIL released
+/// (tests fork meanwhile; see `parallel::hold_pool_lock_for`).
+#[pyfunction]
+pub(crate) fn _hold_pool_lock(py: Python<'_>, seconds: f64) {
+    let d = std::time::Duration::from_secs_f64(seconds.clamp(0.0, 10.0));
+    py.detach(|| parallel::hold_pool_lock_for(d));
+}
+
 /// The instruction set the kernels run on (`"avx512"`, `"avx2"` or `"scalar"`).
 #[pyfunction]
 pub(crate) fn simd_isa() -> &'static str {
@@ -90,6 +98,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let _ = Isa::detected();
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(_hold_pool_lock, m)?)?;
     m.add_function(wrap_pyfunction!(simd_isa, m)?)?;
     m.add_function(wrap_pyfunction!(supported_isas, m)?)?;
     m.add_function(wrap_pyfunction!(env_warnings, m)?)?;
