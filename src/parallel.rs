@@ -10,9 +10,10 @@
 //!
 //! Fork safety: no lock is ever held while threads are spawned or joined. The
 //! configuration lives in atomics; the one mutex guards only the swap of an
-//! `Arc`, so a `fork()` from another thread cannot leave a child with a lock
-//! that nobody will release (a pool built while the lock was held did exactly
-//! that).
+//! `Arc` (a pool built while the lock was held left children with a lock
+//! nobody would release), and it is only ever tried: a `fork()` that lands
+//! while another thread holds it copies it locked into the child, which
+//! then runs its kernels on its own thread instead of waiting (see `lock`).
 //!
 //! Workers are bound to CPUs when the pool has one per CPU the process may
 //! run on (Linux; see `bind_worker`): unbound, a worker woken for a job
