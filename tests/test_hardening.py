@@ -15,6 +15,7 @@ import stat
 import struct
 import subprocess
 import sys
+import textwrap
 import warnings
 
 import ml_dtypes
@@ -119,7 +120,26 @@ def test_good_environment_values_do_not_warn():
 # --- 3. a child forked while the pool is being built does not hang -------------------
 
 
-FORK_DURING_FIRST_CALLS = """
+#: A forked child's wait status, or exit 1 after killing it if it hangs 60 s.
+WAIT_CHILD = """
+import os, sys, time
+
+def wait_child(pid, what):
+    deadline = time.time() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            print("child hung", what)
+            sys.exit(1)
+        time.sleep(0.01)
+"""
+
+FORK_DURING_FIRST_CALLS = (
+    WAIT_CHILD
+    + """
 import os, sys, threading, time
 import numpy as np, ferroquant as fq
 x = np.ones(1 << 22, np.float32)
@@ -136,20 +156,12 @@ for delay in DELAYS:
         q = fq.quantize_blockwise(x)
         a = fq.quantize(x[:999])
         os._exit(0 if n == 256 and int(q.data[0]) == 127 and int(a.data[0]) == 127 else 3)
-    deadline = time.time() + 60
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.time() > deadline:
-            os.kill(pid, 9)
-            print("child hung", delay)
-            sys.exit(1)
-        time.sleep(0.01)
+    status = wait_child(pid, delay)
     t.join()
     assert os.waitstatus_to_exitcode(status) == 0, status
 print("ok")
 """
+)
 
 
 @pytest.mark.parametrize("attempt", range(6))
@@ -1091,7 +1103,9 @@ def test_fork_while_a_thread_holds_the_pool_lock_does_not_hang_the_child():
     # copies it locked into the child, where nobody releases it: the child
     # must run its kernels on its own thread instead of waiting forever.
     r = run_python(
-        """
+        WAIT_CHILD
+        + textwrap.dedent(
+            """
         import os, threading, time
         import numpy as np, ferroquant as fq
         from ferroquant import _ferroquant as native
@@ -1106,20 +1120,13 @@ def test_fork_while_a_thread_holds_the_pool_lock_does_not_hang_the_child():
             fq.set_num_threads(2)  # the stuck lock: no pool to drop, no hang
             ok = fq.quantize_blockwise(x) == want and fq.get_num_threads() == 2
             os._exit(0 if ok else 3)
-        deadline = time.time() + 60
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.time() > deadline:
-                os.kill(pid, 9)
-                raise SystemExit("child hung")
-            time.sleep(0.01)
+        status = wait_child(pid, "with the pool's lock held")
         t.join()
         assert os.waitstatus_to_exitcode(status) == 0, status
         assert fq.quantize_blockwise(x) == want  # the parent's lock came back
         print("ok")
-        """,
+        """
+        ),
         timeout=120,
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
