@@ -93,9 +93,9 @@ def error_stats(
     a, b = original.reshape(-1), restored.reshape(-1)
     worst, total = 0.0, _Scaled(1)
     for i in range(0, a.size, step):
-        d = _error(a[i : i + step], b[i : i + step])
-        worst = _worse(worst, float(np.abs(d).max()))
-        total.add(d)
+        ad = np.abs(_error(a[i : i + step], b[i : i + step]))
+        worst = _worse(worst, float(ad.max()))
+        total.add(ad)
     return worst, total.mean(a.size)
 
 
@@ -517,8 +517,9 @@ class _Scaled:
         self.scale = self.ssq = 0.0
         self.special = 0.0  # inf or NaN once such a value was added
 
-    def add(self, v: np.ndarray) -> None:
-        m = float(np.abs(v).max()) if v.size else 0.0
+    def add(self, mags: np.ndarray) -> None:
+        """Fold in the magnitudes ``mags`` (``|v|``, computed once by the caller)."""
+        m = float(mags.max()) if mags.size else 0.0
         if not math.isfinite(m):
             # max() propagates NaN; inf only when there is no NaN.
             if not math.isnan(self.special):
@@ -526,7 +527,7 @@ class _Scaled:
             return
         if m == 0.0:
             return
-        u = np.abs(v) / m
+        u = mags / m
         part = float(np.dot(u, u)) if self.power == 2 else float(u.sum())
         if m > self.scale:
             self.ssq = self.ssq * (self.scale / m) ** self.power + part
@@ -566,11 +567,11 @@ class _Tally:
         """Fold one tensor's errors in, a slice at a time (a few MiB beside the tensor)."""
         a, b = original.reshape(-1), restored.reshape(-1)
         for i in range(0, a.size, step):
-            d = _error(a[i : i + step], b[i : i + step])
-            self.max_err = _worse(self.max_err, float(np.abs(d).max()))
-            self.sum_abs.add(d)
-            self.err.add(d)
-            self.signal.add(a[i : i + step].astype(np.float64))
+            ad = np.abs(_error(a[i : i + step], b[i : i + step]))
+            self.max_err = _worse(self.max_err, float(ad.max()))
+            self.sum_abs.add(ad)
+            self.err.add(ad)
+            self.signal.add(np.abs(a[i : i + step].astype(np.float64)))
         self.count += a.size
 
     def mean_err(self) -> float:
