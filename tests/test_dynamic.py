@@ -310,8 +310,8 @@ def test_smoothing_refuses_bad_arrays_and_changes_nothing(rng):
         fq.smooth_activations(a, s[:3])
     with pytest.raises(fq.ShapeMismatchError, match="w"):
         fq.smooth_weights(a.reshape(-1), s)
-    with pytest.raises(TypeError, match="s"):
-        fq.smooth_weights(a, s.astype(np.float64))
+    with pytest.raises(TypeError, match="s must be a floating array"):
+        fq.smooth_weights(a, s.astype(np.int32))
     before = a.copy()
     a[2, 3] = np.nan
     before[2, 3] = np.nan
@@ -472,14 +472,47 @@ def test_config_values_beyond_float_range_are_invalid_configs():
 def test_smoothing_misaligned_and_aliased_arrays():
     buf = np.zeros(25, np.uint8)
     a = buf[1:].view(np.float32).reshape(3, 2)
-    a[:] = 1
-    with pytest.raises(ValueError, match="aligned"):
-        fq.smooth_activations(a, np.ones(2, np.float32))
-    assert (a == 1).all()
+    assert not a.flags.aligned
+    a[:] = np.arange(6, dtype=np.float32).reshape(3, 2) * np.float32(0.3)
+    want = a / np.float32(3.0)
+    assert fq.smooth_activations(a, np.full(2, 3.0, np.float32)) is a  # in place all the same
+    assert a.tobytes() == want.tobytes()
+    before = a.copy()
+    with pytest.raises(fq.NonFiniteError, match="s"):
+        fq.smooth_weights(a, np.array([1.0, np.nan], np.float32))
+    assert a.tobytes() == before.tobytes()
     a = np.arange(2, 8, dtype=np.float32).reshape(3, 2)
     want = a / a[0].copy()
     fq.smooth_activations(a, a[0])  # factors read as they were before the call
     assert a.tobytes() == want.tobytes()
+
+
+def test_smoothing_factors_of_any_float_dtype_and_layout(rng):
+    # s is read as any floating array: f64/f16/bf16 rounded to float32 value by
+    # value, strided, misaligned and big-endian copies, a list.
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    s64 = rng.uniform(0.5, 4.0, 5)
+    s32 = s64.astype(np.float32)
+    raw = np.zeros(5 * 4 + 1, np.uint8)
+    misaligned = raw[1:].view(np.float32)
+    misaligned[:] = s32
+    for s, want_s in (
+        (s64, s32),
+        (s64.astype(np.float16), s64.astype(np.float16).astype(np.float32)),
+        (s64.astype(ml_dtypes.bfloat16), s64.astype(ml_dtypes.bfloat16).astype(np.float32)),
+        (np.repeat(s32, 2)[::2], s32),
+        (misaligned, s32),
+        (s32.astype(">f4"), s32),
+        (list(s64), s32),
+    ):
+        got_a, got_w = a.copy(), a.copy()
+        fq.smooth_activations(got_a, s)
+        fq.smooth_weights(got_w, s)
+        assert got_a.tobytes() == (a / want_s).tobytes()
+        assert got_w.tobytes() == (a * want_s).tobytes()
+    # A float64 factor past float32's range is a non-finite factor.
+    with pytest.raises(fq.NonFiniteError, match="s"):
+        fq.smooth_weights(a.copy(), np.array([1.0, 1e39, 1.0, 1.0, 1.0]))
 
 
 def test_int4_unused_high_nibble_must_be_zero():

@@ -29,6 +29,7 @@ from ._checks import (
     round_f32,
     shape_tuple,
     short_repr,
+    to_float32,
     warn,
 )
 from .errors import InvalidConfigError, NonFiniteError, PrecisionWarning, ShapeMismatchError
@@ -373,19 +374,30 @@ def compute_smooth_factors(
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
     if not isinstance(x, np.ndarray) or x.dtype != np.float32:
         raise ValueError(f"{arg} must be a writable C-contiguous float32 array, got {describe(x)}")
-    if not (x.flags.c_contiguous and x.flags.writeable and x.flags.aligned):
-        raise ValueError(f"{arg} must be a writable, aligned, C-contiguous float32 array")
-    if not is_array_of(s, np.float32):
-        raise TypeError(f"s must be a float32 array, got {describe(s)}")
+    if not (x.flags.c_contiguous and x.flags.writeable):
+        raise ValueError(f"{arg} must be a writable C-contiguous float32 array")
+    # The factors: any float dtype or layout (f64/f16/bf16 rounded to f32 one by
+    # one), read in place when they already are aligned contiguous float32.
+    factors = to_float32(float_input(s, "s"))
     if x.ndim != 2:
         raise ShapeMismatchError(f"{arg} must be 2-D, got shape {x.shape}")
-    if s.shape != (x.shape[1],):
+    if factors.shape != (x.shape[1],):
         raise ShapeMismatchError(
-            f"s: expected shape ({x.shape[1]},), one factor per column of {arg}, got {s.shape}"
+            f"s: expected shape ({x.shape[1]},), one factor per column of {arg}, "
+            f"got {factors.shape}"
         )
     # Factors that share memory with the array (s = a[0]) are read as they were.
-    factors = s.copy() if np.shares_memory(x, s) else np.ascontiguousarray(s, np.float32)
-    _native.smooth_in_place(x, arg, factors, multiply)
+    if np.shares_memory(x, factors):
+        factors = factors.copy()
+    if x.flags.aligned:
+        _native.smooth_in_place(x, arg, factors, multiply)
+        return x
+    # A misaligned buffer (a view at an odd byte offset): smoothed in an aligned
+    # copy, written back only once every check has passed.
+    work = np.empty_like(x)
+    np.copyto(work, x)
+    _native.smooth_in_place(work, arg, factors, multiply)
+    np.copyto(x, work)
     return x
 
 
@@ -395,6 +407,8 @@ def smooth_activations(a: np.ndarray, s: np.ndarray) -> np.ndarray:
 
     Raises:
         ValueError: ``a`` is not a writable C-contiguous float32 array.
+        TypeError: ``s`` is not a floating array (any float dtype and layout is
+            read, rounded to float32 value by value).
         ShapeMismatchError: ``a`` is not 2-D or ``s`` is not ``[in]``.
         NonFiniteError / InvalidConfigError: ``a`` or ``s`` holds NaN or inf, or
             a factor is not > 0.
