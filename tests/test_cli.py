@@ -439,6 +439,30 @@ def test_ptq_int8_native_files_restore_the_source_dtype(tmp_path, model):
     assert restored["conv.weight"].dtype == np.float64
 
 
+@pytest.mark.parametrize("scheme", ["dynamic-int8", "dynamic-int4", "bitnet-act"])
+def test_activation_schemes_restore_the_source_dtype(tmp_path, rng, scheme):
+    # DynQuantTensor / QuantizedActivations record the dtype they came from (their
+    # own dequantize stays float32, as the seeds'): the command line restores it.
+    src, q, d = (tmp_path / f"{n}.safetensors" for n in "sqd")
+    tensors = {
+        "h": rng.standard_normal((4, 6)).astype(np.float16),
+        "b": rng.standard_normal((4, 6)).astype(ml_dtypes.bfloat16),
+        "f": rng.standard_normal((4, 6)).astype(np.float64),
+    }
+    stn.save_file(tensors, str(src))
+    assert cli("quantize", str(src), "-o", str(q), "--scheme", scheme).returncode == 0
+    got = fq.load(q)
+    assert {n: v.dtype for n, v in got.items()} == {"h": "float16", "b": "bfloat16", "f": "float64"}
+    r = cli("inspect", str(q))
+    assert "float16" in r.stdout and "bfloat16" in r.stdout and "float64" in r.stdout
+    assert cli("dequantize", str(q), "-o", str(d)).returncode == 0
+    restored = stn.load_file(str(d))
+    for name, v in got.items():
+        assert restored[name].dtype == tensors[name].dtype
+        f32 = v.dequantize() if hasattr(v, "format") else fq.dequantize_activations(v)
+        assert restored[name].tobytes() == f32.astype(tensors[name].dtype).tobytes()
+
+
 def test_inspect_and_dequantize_read_models_and_statistics(tmp_path, rng):
     m = fq.quantize_model_weights(
         "{}", [("a", rng.standard_normal((3, 4)).astype(np.float32), None, np.ones(3))]

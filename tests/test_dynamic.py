@@ -10,6 +10,7 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
+import safetensors.numpy
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -233,6 +234,13 @@ def test_bitnet_shapes_and_properties(rng):
     assert fq.QuantizedActivations.from_bytes(q.to_bytes()) == q
     assert "QuantizedActivations" in repr(q) and "[" not in repr(q)
     assert q.nbytes == 512 + 16
+    # The source dtype is recorded (and saved), outside equality.
+    q16 = fq.quantize_activations(x.astype(np.float16))
+    assert (q.dtype, q16.dtype) == ("float32", "float16") and "dtype=float16" in repr(q16)
+    assert fq.QuantizedActivations.from_bytes(q16.to_bytes()).dtype == "float16"
+    assert q16 == fq.quantize_activations(x.astype(np.float16).astype(np.float32))
+    with pytest.raises(fq.InvalidConfigError, match="dtype"):
+        fq.QuantizedActivations(q.data, q.scales, q.shape, dtype="float8")
 
 
 def test_bitnet_errors():
@@ -513,6 +521,38 @@ def test_smoothing_factors_of_any_float_dtype_and_layout(rng):
     # A float64 factor past float32's range is a non-finite factor.
     with pytest.raises(fq.NonFiniteError, match="s"):
         fq.smooth_weights(a.copy(), np.array([1.0, 1e39, 1.0, 1.0, 1.0]))
+
+
+def test_dyn_quant_tensor_records_the_source_dtype_outside_equality(rng):
+    x = rng.standard_normal((4, 6))
+    for dt in (np.float16, ml_dtypes.bfloat16, np.float64, np.float32):
+        q = fq.dynamic_quantize_int8_per_row(x.astype(dt))
+        assert q.dtype == np.dtype(dt).name
+        assert q.dequantize().dtype == np.float32  # the seed's dequantize, whatever the source
+        back = fq.DynQuantTensor.from_bytes(q.to_bytes())
+        assert back == q and back.dtype == q.dtype
+    q16 = fq.dynamic_quantize_int4(x.astype(np.float16))
+    q32 = fq.dynamic_quantize_int4(x.astype(np.float16).astype(np.float32))
+    assert q16 == q32 and (q16.dtype, q32.dtype) == ("float16", "float32")
+    assert "dtype=float16" in repr(q16) and "dtype" not in repr(q32)
+    with pytest.raises(fq.InvalidConfigError, match="dtype"):
+        fq.DynQuantTensor(q32.data, q32.scales, q32.shape, q32.format, dtype="int8")
+    # A file written before the field existed (no "dtype" key) loads as float32.
+    raw = q16.to_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8 : 8 + n])["__metadata__"]
+    entry = json.loads(meta["ferroquant:value"])
+    del entry["dtype"]
+    meta["ferroquant:value"] = json.dumps(entry)
+    old = safetensors.numpy.save(safetensors.numpy.load(raw), metadata=meta)
+    back = fq.DynQuantTensor.from_bytes(old)
+    assert back == q16 and back.dtype == "float32"
+    entry["dtype"], entry["extra"] = "float16", 1
+    meta["ferroquant:value"] = json.dumps(entry)
+    with pytest.raises(fq.FormatError, match="unknown"):
+        fq.DynQuantTensor.from_bytes(
+            safetensors.numpy.save(safetensors.numpy.load(raw), metadata=meta)
+        )
 
 
 def test_int4_unused_high_nibble_must_be_zero():

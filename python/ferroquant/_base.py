@@ -105,6 +105,9 @@ class Quantized:
     _params: ClassVar[Tuple[str, ...]]
     #: Array fields that may be ``None`` (left out of the record when they are).
     _optional: ClassVar[Tuple[str, ...]] = ()
+    #: Parameters added to the record after files were first written: always
+    #: written, and a file without one gets the field's default.
+    _later_params: ClassVar[Tuple[str, ...]] = ()
 
     #: The tag files record for this class, when ``scheme`` is a field of its own
     #: (the seed's ``QuantizedModel.scheme``) rather than the class's tag.

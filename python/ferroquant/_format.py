@@ -469,8 +469,10 @@ def _check_entry(name: str, raw: str, present: Mapping[str, Any]) -> Tuple[type,
     if cls is None:
         raise FormatError(f"entry {name!r} has unknown scheme {scheme!r}; known: {schemes()}")
     want_keys = set(_ENTRY_KEYS) | set(cls._params)  # type: ignore[attr-defined]
-    if set(entry) != want_keys:
-        missing = sorted(want_keys - set(entry))
+    # Keys added after files were first written may be absent (their default applies).
+    later = set(getattr(cls, "_later_params", ()))
+    if not set(entry) <= want_keys or not want_keys - later <= set(entry):
+        missing = sorted(want_keys - later - set(entry))
         extra = sorted(set(entry) - want_keys)
         raise FormatError(
             f"entry {name!r} ({scheme}) must have exactly the keys {sorted(want_keys)}"

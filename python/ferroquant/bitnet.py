@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Tuple
 
 import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, f32_ratio
-from ._checks import describe, float_input, held, is_array_of, readonly, shape_tuple
+from ._checks import (
+    describe,
+    float_input,
+    held,
+    is_array_of,
+    readonly,
+    shape_tuple,
+    source_dtype,
+)
 from .errors import InvalidConfigError, ShapeMismatchError
 
 __all__ = [
@@ -83,6 +91,9 @@ class QuantizedActivations(Quantized):
         shape: ``(batch, hidden)`` or ``(batch, seq, hidden)``.
         per_token: whether scales are per token.
         bits: the activation bits the codes were made with (2..8).
+        dtype: the dtype the input had (``quantize_activations`` records it;
+            ``ferroquant dequantize`` restores it, while ``dequantize_activations``
+            returns float32 as the seed does). Provenance: not compared by ``==``.
     """
 
     data: np.ndarray
@@ -90,10 +101,12 @@ class QuantizedActivations(Quantized):
     shape: Tuple[int, ...]
     per_token: bool = True
     bits: int = 8
+    dtype: str = field(default="float32", compare=False)
 
     scheme: ClassVar[str] = "bitnet-act"
     _arrays: ClassVar[Tuple[str, ...]] = ("data", "scales")
-    _params: ClassVar[Tuple[str, ...]] = ("shape", "per_token", "bits")
+    _params: ClassVar[Tuple[str, ...]] = ("shape", "per_token", "bits", "dtype")
+    _later_params: ClassVar[Tuple[str, ...]] = ("dtype",)
 
     def __post_init__(self) -> None:
         shape = shape_tuple(self.shape)
@@ -128,6 +141,7 @@ class QuantizedActivations(Quantized):
         object.__setattr__(self, "bits", cfg.activation_bits)
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "scales", scales)
+        object.__setattr__(self, "dtype", source_dtype(self.dtype))
 
     @property
     def batch_size(self) -> int:
@@ -162,7 +176,8 @@ class QuantizedActivations(Quantized):
         return dequantize_activations(self)
 
     def _repr_fields(self) -> str:
-        return f"per_token={self.per_token}, bits={self.bits}"
+        src = "" if self.dtype == "float32" else f", dtype={self.dtype}"
+        return f"per_token={self.per_token}, bits={self.bits}{src}"
 
 
 def quantize_activations(x: Any, config: BitNetConfig = BitNetConfig()) -> QuantizedActivations:
@@ -186,6 +201,7 @@ def quantize_activations(x: Any, config: BitNetConfig = BitNetConfig()) -> Quant
         shape=arr.shape,
         per_token=config.per_token_activation,
         bits=config.activation_bits,
+        dtype=source_dtype(arr.dtype),
     )
 
 

@@ -10,7 +10,7 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Tuple, Union
 
 import numpy as np
@@ -29,6 +29,7 @@ from ._checks import (
     round_f32,
     shape_tuple,
     short_repr,
+    source_dtype,
     to_float32,
     warn,
 )
@@ -107,16 +108,21 @@ class DynQuantTensor(Quantized):
             (none when the per-row input is empty).
         shape: the input's shape.
         format: ``"int8_per_tensor"``, ``"int8_per_row"`` or ``"int4_per_tensor"``.
+        dtype: the dtype the input had (the quantize functions record it; ``ferroquant
+            dequantize`` restores it, while :meth:`dequantize` returns float32 as the
+            seed does). Provenance, not part of the value: not compared by ``==``.
     """
 
     data: np.ndarray
     scales: np.ndarray
     shape: Tuple[int, ...]
     format: str = "int8_per_tensor"
+    dtype: str = field(default="float32", compare=False)
 
     scheme: ClassVar[str] = "dynamic"
     _arrays: ClassVar[Tuple[str, ...]] = ("data", "scales")
-    _params: ClassVar[Tuple[str, ...]] = ("shape", "format")
+    _params: ClassVar[Tuple[str, ...]] = ("shape", "format", "dtype")
+    _later_params: ClassVar[Tuple[str, ...]] = ("dtype",)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -161,6 +167,7 @@ class DynQuantTensor(Quantized):
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "scales", scales)
+        object.__setattr__(self, "dtype", source_dtype(self.dtype))
 
     @property
     def label(self) -> str:
@@ -209,7 +216,8 @@ class DynQuantTensor(Quantized):
         return flat.reshape(self.shape)
 
     def _repr_fields(self) -> str:
-        return f"format={self.format}"
+        src = "" if self.dtype == "float32" else f", dtype={self.dtype}"
+        return f"format={self.format}{src}"
 
 
 def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
@@ -255,7 +263,11 @@ def _quantize(x: Any, fmt: str, mode: Any, arg: str = "x") -> DynQuantTensor:
             raise
         raise renamed(e, "x", arg) from None
     return DynQuantTensor._trusted(
-        data=readonly(data), scales=readonly(scales), shape=arr.shape, format=fmt
+        data=readonly(data),
+        scales=readonly(scales),
+        shape=arr.shape,
+        format=fmt,
+        dtype=source_dtype(arr.dtype),
     )
 
 
