@@ -641,17 +641,107 @@ def test_compare_leaves_out_a_default_scheme_that_refuses_a_tensor(tmp_path, rng
     assert "scheme 'blockwise8', tensor 'w'" in r.stderr
 
 
-def test_quantize_warns_when_a_tensor_dequantizes_to_non_finite_values(tmp_path):
-    # The seed's asymmetric scale (max - min) / 255 overflows float64 here.
+def test_quantize_refuses_a_tensor_that_dequantizes_to_non_finite_values(tmp_path):
+    # The seed's asymmetric scale (max - min) / 255 overflows float64 here: the
+    # tensor would come back as NaN, so no file is written (compare agrees).
     src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
-    stn.save_file({"w": np.array([[-1.7e308, 1.7e308], [0.0, 1.0]])}, str(src))
+    stn.save_file(
+        {"a": np.ones((2, 2)), "w": np.array([[-1.7e308, 1.7e308], [0.0, 1.0]])}, str(src)
+    )
     r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8-asym", "--no-progress")
-    assert r.returncode == 0, r.stderr
-    assert "w: it dequantizes to values that are not finite" in r.stderr
-    row = next(line for line in r.stdout.splitlines() if line.startswith("w "))
-    assert row.split()[7:9] == ["nan", "nan"]  # after "20 B", "1.60x"
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "tensor 'w': int8-asym dequantizes it to values that are not finite" in r.stderr
+    assert not out.exists()
     r = cli("compare", str(src), "--schemes", "int8-asym", "--no-progress")
     assert r.returncode == 1 and "not finite" in r.stderr
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8", "--no-progress")
+    assert r.returncode == 0 and out.exists()
+
+
+def test_messages_stay_on_one_line_and_keep_what_follows_a_line_break(tmp_path, rng):
+    # A path may hold a line break or an escape sequence: printed escaped, whole.
+    bad = tmp_path / "bad\nfile.safetensors"
+    bad.write_bytes(b"garbage")
+    r = cli("inspect", str(bad))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "bad\\nfile.safetensors: not a valid safetensors file" in r.stderr
+    src = tmp_path / "m.safetensors"
+    stn.save_file({"w": rng.standard_normal((3, 4)).astype(np.float32)}, str(src))
+    out = tmp_path / "q\x1b[31m.safetensors"
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8", "--no-progress")
+    assert r.returncode == 0 and "\x1b" not in r.stdout and "q\\x1b[31m" in r.stdout
+    r = cli("quantize", str(src), "-o", "", "--scheme", "int8")
+    assert r.returncode == 1 and "(an empty path)" in r.stderr
+
+
+def test_config_must_be_strict_json(tmp_path, rng):
+    src = tmp_path / "m.safetensors"
+    stn.save_file({"fc.weight": rng.standard_normal((3, 4)).astype(np.float32)}, str(src))
+    cases = {
+        "[" * 100_000: "nests too deeply",
+        '{"a": NaN}': "NaN is not JSON",
+        '{"a": -Infinity}': "-Infinity is not JSON",
+        '{"a": 1e999}': "beyond float64's range",
+        '{"a": 1, "a": 2}': "'a' is given twice",
+        '{"a": {"b": 1, "b": 1}}': "'b' is given twice",
+    }
+    cfg, out = tmp_path / "cfg.json", tmp_path / "m.json"
+    for text, why in cases.items():
+        cfg.write_text(text)
+        r = cli("quantize", str(src), "-o", str(out), "--scheme", "ptq-int8", "--config", str(cfg))
+        assert r.returncode == 1 and why in r.stderr and "unexpected" not in r.stderr, r.stderr
+        assert not out.exists()
+    cfg.write_text('{"a": [1, 2.5e300, {"b": null}], "c": "NaN"}')
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "ptq-int8", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert fq.QuantizedModel.load(out).config_json == cfg.read_text()
+
+
+def test_ptq_ratios_count_what_is_held_against_what_the_layers_had(tmp_path, rng):
+    src = tmp_path / "m.safetensors"
+    tensors = {
+        "a.weight": rng.standard_normal((4, 8)).astype(np.float32),
+        "a.bias": rng.standard_normal(4).astype(np.float32),
+    }
+    stn.save_file(tensors, str(src))
+    out = tmp_path / "m.json"
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "ptq-int8", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("a.weight"))
+    # 32 codes + 4 bias floats held (48 B) for 128 + 16 source bytes: 3.00x.
+    assert "48 B" in row and "3.00x" in row
+    q = tmp_path / "q.safetensors"
+    assert cli("quantize", str(src), "-o", str(q), "--scheme", "ptq-int8").returncode == 0
+    model = tmp_path / "model.safetensors"
+    fq.save(model, {"m": fq.QuantizedModel.load(out)})
+    r = cli("inspect", str(model))
+    row = next(line for line in r.stdout.splitlines() if line.startswith("m "))
+    assert "48 B" in row and "3.00x" in row and "float32" in row
+
+
+def test_quantize_names_the_tensor_that_does_not_fit_in_memory(tmp_path):
+    # 2**40 channels of nothing: per-channel scales would need 8 TiB.
+    src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    header = json.dumps(
+        {"f": {"dtype": "F32", "shape": [1 << 40, 0], "data_offsets": [0, 0]}}
+    ).encode()
+    header += b" " * (-len(header) % 8)
+    src.write_bytes(len(header).to_bytes(8, "little") + header)
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8-per-channel")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "tensor 'f'" in r.stderr and "memory" in r.stderr
+    assert not out.exists()
+
+
+def test_a_json_model_is_not_quantized_again_and_a_plain_file_warns(tmp_path, rng):
+    src = tmp_path / "m.safetensors"
+    stn.save_file({"fc.weight": rng.standard_normal((3, 4)).astype(np.float32)}, str(src))
+    js = tmp_path / "m.json"
+    assert cli("quantize", str(src), "-o", str(js), "--scheme", "ptq-int8").returncode == 0
+    r = cli("quantize", str(js), "-o", str(tmp_path / "x.safetensors"), "--scheme", "int8")
+    assert r.returncode == 1 and "is a .json model" in r.stderr
+    r = cli("dequantize", str(src), "-o", str(tmp_path / "d.safetensors"))
+    assert r.returncode == 0 and "holds no quantized tensor" in r.stderr
 
 
 def test_the_config_file_is_never_the_output(tmp_path, rng):

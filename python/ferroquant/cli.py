@@ -148,6 +148,17 @@ def _shown(name: str) -> str:
     return name if name.isprintable() else repr(name)
 
 
+def _one_line(text: str) -> str:
+    """``text`` on one line, nothing dropped: line breaks, escape sequences and
+    other unprintable characters (a path may hold any) shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _path_shown(path: Any) -> str:
+    """A path safe to print (see :func:`_one_line`)."""
+    return _one_line(os.fspath(path))
+
+
 def _ratio(source_bytes: int, held_bytes: int) -> str:
     return f"{source_bytes / held_bytes:.2f}x" if held_bytes else "-"
 
@@ -239,6 +250,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         )
     if args.config is not None and not json_out:
         raise CliError("--config is recorded in a .json model only (give -o OUT.json)")
+    if src.name.lower().endswith(".json"):
+        raise CliError(
+            f"{_path_shown(src)} is a .json model (quantized already); quantize reads "
+            "safetensors files: `ferroquant dequantize` turns the model into one"
+        )
     with TensorReader(src) as reader:
         if json_out:
             return _quantize_json(args, src, quantizer, reader)
@@ -310,6 +326,11 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                         q = _quantize_named(quantizer, arr, name)
                     except QuantizationError as e:
                         raise CliError(f"tensor {name!r}: {e}") from None
+                    except MemoryError:
+                        raise CliError(
+                            f"tensor {name!r} (shape {'x'.join(map(str, arr.shape))}): not "
+                            f"enough memory to quantize it with {quantizer.name}"
+                        ) from None
                 for w in caught:
                     print(
                         f"ferroquant: warning: {_shown(name)}: {_cli_words(str(w.message))}",
@@ -321,10 +342,12 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                 finite = _all_finite(restored)
                 del restored
                 if not finite:
-                    print(
-                        f"ferroquant: warning: {_shown(name)}: it dequantizes to values that are "
-                        "not finite: its range overflows the scheme's arithmetic",
-                        file=sys.stderr,
+                    # A file whose tensor comes back as NaN or inf is no model:
+                    # refused (the partial output is removed), as compare does.
+                    raise CliError(
+                        f"tensor {name!r}: {quantizer.name} dequantizes it to values that are "
+                        "not finite (its range overflows the scheme's arithmetic); choose "
+                        "another scheme"
                     )
                 writer.add(name, q)
                 out_bytes += q.nbytes
@@ -364,9 +387,9 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
     n_q = sum(r[2] != "copied" for r in rows)
     ratio = in_bytes / out_bytes if out_bytes else 1.0
     print(
-        f"\n{src.name}: {n_q} of {len(rows)} tensors quantized with {quantizer.name}, "
-        f"{_fmt_bytes(in_bytes)} -> {_fmt_bytes(out_bytes)} ({ratio:.2f}x) in {elapsed:.2f} s "
-        f"[{os.fspath(out)}]"
+        f"\n{_path_shown(src.name)}: {n_q} of {len(rows)} tensors quantized with "
+        f"{quantizer.name}, {_fmt_bytes(in_bytes)} -> {_fmt_bytes(out_bytes)} ({ratio:.2f}x) "
+        f"in {elapsed:.2f} s [{_path_shown(out)}]"
     )
     return 0
 
@@ -393,10 +416,37 @@ def _read_config(path: Optional[str]) -> str:
         raise OSError(e.errno, e.strerror, path) from None
     try:
         text = raw.decode("utf-8")
-        json.loads(text)
+        json.loads(
+            text,
+            parse_constant=_json_constant,
+            parse_float=_json_float,
+            object_pairs_hook=_json_object,
+        )
     except (UnicodeDecodeError, ValueError) as e:
-        raise CliError(f"--config {path}: not a JSON file ({e})") from None
+        raise CliError(f"--config {_path_shown(path)}: not a JSON file ({e})") from None
+    except RecursionError:
+        raise CliError(f"--config {_path_shown(path)}: its JSON nests too deeply") from None
     return text
+
+
+def _json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"the number {text[:40]} is beyond float64's range")
+    return v
+
+
+def _json_object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {k[:40]!r} is given twice")
+        out[k] = v
+    return out
 
 
 def _quantize_json(
@@ -469,7 +519,7 @@ def _quantize_json(
                     "x".join(map(str, arr.shape)),
                     "ptq-int8" + (" +bias" if bias is not None else ""),
                     _fmt_bytes(q.nbytes),
-                    _ratio(arr.nbytes, q.weights_i8.nbytes),
+                    _ratio(arr.nbytes + (bias.nbytes if bias is not None else 0), q.nbytes),
                     f"{max_err:.3e}",
                     f"{mean_err:.3e}",
                     f"{ms:.2f}",
@@ -492,10 +542,11 @@ def _quantize_json(
         shown = ", ".join(_shown(n) for n in left[:8]) + (" ..." if len(left) > 8 else "")
         print(f"\nnot in the JSON model (not a weight of rank >= 2 or its bias): {shown}")
     print(
-        f"\n{src.name}: {len(layers)} layers quantized with ptq-int8 into seed 004's JSON, "
+        f"\n{_path_shown(src.name)}: {len(layers)} layers quantized with ptq-int8 into "
+        "seed 004's JSON, "
         f"{len(biases)} with bias; {_fmt_bytes(in_bytes)} -> {_fmt_bytes(out_bytes)} held "
         f"({model.compression_ratio():.2f}x by the seed's count) in {elapsed:.2f} s "
-        f"[{os.fspath(out)}]"
+        f"[{_path_shown(out)}]"
     )
     return 0
 
@@ -829,14 +880,21 @@ def _inspect(reader: TensorReader) -> int:
             )
             total += value.nbytes
         elif isinstance(value, QuantizedModel):
+            # As every other row: the bytes the layers had (weights in their recorded
+            # dtype, biases) over the bytes held (`inspect MODEL` shows the seed's count).
+            source = sum(
+                _source_bytes(q) + (q.bias.nbytes if q.bias is not None else 0)
+                for q in value.layers
+            )
+            dtypes = sorted({q.dtype for q in value.layers}) or ["-"]
             rows.append(
                 [
                     _shown(name),
                     value.label,
-                    "float32",
+                    "/".join(dtypes),
                     f"{len(value.layers)} layers",
                     _fmt_bytes(value.nbytes),
-                    f"{value.compression_ratio():.2f}x",
+                    _ratio(source, value.nbytes),
                 ]
             )
             total += value.nbytes
@@ -869,7 +927,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
         model = QuantizedModel.load(src)
         with StreamingWriter(out, {}) as writer:
             n = _add_model(writer, model)
-        print(f"dequantized {n} layers into {os.fspath(out)}")
+        print(f"dequantized {n} layers into {_path_shown(out)}")
         return 0
     with TensorReader(src) as reader:
         return _dequantize(reader, out)
@@ -924,7 +982,13 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
                 value = restored
                 n += 1
             writer.add(name, value)
-    print(f"dequantized {n} tensors into {os.fspath(out)}")
+    if n == 0:
+        print(
+            "ferroquant: warning: the input holds no quantized tensor: its tensors were "
+            "copied as they are",
+            file=sys.stderr,
+        )
+    print(f"dequantized {n} tensors into {_path_shown(out)}")
     return 0
 
 
@@ -1017,7 +1081,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
 
     def one_line(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
-        text = str(message).splitlines()[0] if str(message) else category.__name__
+        text = _one_line(str(message)) if str(message) else category.__name__
         print(f"ferroquant: warning: {_cli_words(text)}", file=sys.stderr)
 
     def terminated(signum: int, frame: Any) -> None:
@@ -1048,12 +1112,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("ferroquant: interrupted", file=sys.stderr)
         return 130
     except (CliError, QuantizationError, OSError, TypeError, ValueError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if isinstance(e, OSError) and e.filename:
-            msg = f"{e.strerror}: {e.filename}"
+        msg = _one_line(str(e)) if str(e) else type(e).__name__
+        if isinstance(e, OSError) and e.filename is not None:
+            where = _path_shown(e.filename) if e.filename != "" else "'' (an empty path)"
+            msg = f"{e.strerror}: {where}"
         print(f"ferroquant: error: {_cli_words(msg)}", file=sys.stderr)
         return 1
     except Exception as e:  # a bug of ours: still one line, never a traceback
-        first = str(e).splitlines()[0] if str(e) else ""
+        first = _one_line(str(e))
         print(f"ferroquant: error: unexpected {type(e).__name__}: {first}", file=sys.stderr)
         return 1
