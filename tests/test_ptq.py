@@ -240,6 +240,22 @@ def test_a_supplied_scale_must_be_finite_and_positive(bad):
         fq.QuantizedWeights.from_f32("x", np.ones(4, F32), scale=bad)
 
 
+@pytest.mark.parametrize("bad", [0.0, -0.0, -1.0, 1e-46])
+def test_a_held_scale_must_be_positive_in_files_too(tmp_path, bad):
+    # from_f32 never makes a scale below 1e-8; one that is not > 0 in float32
+    # (1e-46 rounds to 0) is refused by the constructor, so by every reader.
+    with pytest.raises(fq.InvalidConfigError, match="scale must be > 0"):
+        fq.QuantizedWeights("a", np.ones(4, np.int8), (2, 2), bad)
+    m = fq.quantize_model_weights("{}", [("a", np.ones((2, 2), np.float32), None, None)])
+    path = tmp_path / "m.json"
+    m.save(path)
+    doc = json.loads(path.read_text())
+    doc["layers"][0]["scale"] = bad
+    path.write_text(json.dumps(doc))
+    with pytest.raises(fq.FormatError, match="scale must be > 0"):
+        fq.QuantizedModel.load(path)
+
+
 @pytest.mark.parametrize("bad", [True, "1", [1.0], None.__class__])
 def test_a_scale_of_the_wrong_type_is_a_type_error(bad):
     with pytest.raises(TypeError, match="scale"):

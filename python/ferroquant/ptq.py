@@ -172,7 +172,7 @@ class QuantizedWeights(Quantized):
         weights_i8: ``int8[n]`` codes in row-major order (any int8 array of ``n``
             elements is accepted and held flat).
         shape: the weight's shape; ``n`` is its product.
-        scale: the float32 scale (finite).
+        scale: the float32 scale (finite and > 0, as ``from_f32`` makes it).
         bias: ``float32[shape[0]]`` or ``None``.
         dtype: the dtype the weight had (``from_f32`` records it; ``ferroquant
             dequantize`` restores it). Not one of the seed's fields: not compared by
@@ -202,7 +202,7 @@ class QuantizedWeights(Quantized):
             raise ShapeMismatchError(
                 f"weights_i8: expected {n} values for shape {shape}, got shape {w.shape}"
             )
-        scale = _f32(self.scale, "scale")
+        scale = _f32(self.scale, "scale", positive=True)
         bias = self.bias
         if bias is not None:
             if not is_array_of(bias, np.float32):
