@@ -339,7 +339,9 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                 ms = (time.perf_counter() - t0) * 1e3
                 restored = quantizer.dequantize(q)
                 max_err, mean_err = error_stats(arr, restored)
-                finite = _all_finite(restored)
+                # As `ferroquant dequantize` will write it (a half step past the
+                # dtype's largest value is clamped back, see _restore).
+                finite = _all_finite(_restore(restored, arr.dtype))
                 del restored
                 if not finite:
                     # A file whose tensor comes back as NaN or inf is no model:
