@@ -705,9 +705,12 @@ pub fn dequantize_with<O: Float>(
 ) -> Result<()> {
     let _env = crate::simd::fpenv::Pinned::new();
     let n = out.len();
+    // The input's length is `out`'s here (the codes are checked next).
     check_lengths(shape, config, n, scales.len(), zero_points.len()).map_err(|e| match e {
         QuantError::ShapeMismatch {
-            expected, actual, ..
+            arg: "x",
+            expected,
+            actual,
         } => QuantError::ShapeMismatch {
             arg: "out",
             expected,

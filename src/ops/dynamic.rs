@@ -60,6 +60,15 @@ impl ScaleMode {
             ))
         }
     }
+
+    /// `self` if valid: a `Percentile` built directly (not through
+    /// [`ScaleMode::percentile`]) is checked again by every kernel.
+    fn checked(self) -> Result<ScaleMode> {
+        match self {
+            ScaleMode::Percentile(p) => ScaleMode::percentile(p),
+            m => Ok(m),
+        }
+    }
 }
 
 /// The percentile rank of SPEC §3: `ceil(p·n) − 1` with `p·n` one f64
@@ -373,6 +382,13 @@ pub fn compute_scale<T: Float>(x: &[T], clip: f32, mode: ScaleMode) -> Result<f3
 
 /// [`compute_scale`] on a chosen ISA.
 pub fn compute_scale_with<T: Float>(isa: Isa, x: &[T], clip: f32, mode: ScaleMode) -> Result<f32> {
+    let mode = mode.checked()?;
+    if !(clip.is_finite() && clip > 0.0) {
+        return Err(QuantError::invalid(
+            "clip_val",
+            format!("expected a finite value > 0, got {clip}"),
+        ));
+    }
     let _env = crate::simd::fpenv::Pinned::new();
     let s = tensor_statistic(isa, x, mode, &mut Vec::new(), &mut Vec::new())
         .map_err(|index| QuantError::NonFinite { arg: "x", index })?;
@@ -512,12 +528,10 @@ pub fn dynamic_quantize_with<T: Float>(
     codes: DynCodesMut<'_>,
     scales: &mut [f32],
 ) -> Result<()> {
+    let mode = mode.checked()?;
     let _env = crate::simd::fpenv::Pinned::new();
     let n = x.len();
-    let want: usize = shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .unwrap_or(usize::MAX);
+    let want = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
     if format == DynFormat::Int8PerRow && shape.len() != 2 {
         return Err(QuantError::ShapeMismatch {
             arg: "x2d",
@@ -525,8 +539,16 @@ pub fn dynamic_quantize_with<T: Float>(
             actual: format!("{}-D", shape.len()),
         });
     }
-    if want != n {
-        return Err(QuantError::len_mismatch("x", want, n));
+    match want {
+        Some(w) if w == n => {}
+        Some(w) => return Err(QuantError::len_mismatch("x", w, n)),
+        None => {
+            return Err(QuantError::ShapeMismatch {
+                arg: "x",
+                expected: format!("shape {shape:?}, which holds more than usize::MAX elements"),
+                actual: format!("{n} elements"),
+            })
+        }
     }
     if scales.len() != num_scales(shape, format) {
         return Err(QuantError::len_mismatch(
@@ -539,11 +561,20 @@ pub fn dynamic_quantize_with<T: Float>(
         (DynCodesMut::Int8(c), DynFormat::Int8PerTensor | DynFormat::Int8PerRow)
             if c.len() == n => {}
         (DynCodesMut::Int4(c), DynFormat::Int4PerTensor) if c.len() == packed_len(n) => {}
-        _ => {
-            return Err(QuantError::invalid(
-                "codes",
-                format!("wrong codes for {format:?} of {n}"),
-            ))
+        (c, _) => {
+            let (kind, want) = match format {
+                DynFormat::Int4PerTensor => ("packed int4 bytes", packed_len(n)),
+                _ => ("int8 codes", n),
+            };
+            let got = match c {
+                DynCodesMut::Int8(c) => format!("{} int8 codes", c.len()),
+                DynCodesMut::Int4(c) => format!("{} packed int4 bytes", c.len()),
+            };
+            return Err(QuantError::ShapeMismatch {
+                arg: "codes",
+                expected: format!("{want} {kind} for {format:?} of {n} values"),
+                actual: got,
+            });
         }
     }
     let nonfinite = |index| QuantError::NonFinite { arg: "x", index };

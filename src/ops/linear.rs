@@ -128,12 +128,11 @@ pub fn linear_forward_with(
             });
         }
     }
-    if out.len() != tokens * out_f {
-        return Err(mismatch(
-            "out",
-            &(tokens * out_f).to_string(),
-            out.len().to_string(),
-        ));
+    // Checked: with `in_features == 0` any token count passes the `x` check.
+    let want = tokens.checked_mul(out_f);
+    if want != Some(out.len()) {
+        let expected = want.map_or_else(|| format!("{tokens} x {out_f}"), |n| n.to_string());
+        return Err(mismatch("out", &expected, out.len().to_string()));
     }
     if simd::absmax_bits(isa, x) >= simd::F32_INF_BITS {
         let index = simd::scalar::first_non_finite(x);

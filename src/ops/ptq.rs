@@ -244,7 +244,7 @@ pub struct QuantizedWeightsRef<'a> {
 impl QuantizedWeightsRef<'_> {
     /// Check what the seed's format cannot express or a reader would refuse:
     /// `weights_i8.len()` must be the product of `shape`, a bias must have
-    /// `shape[0]` finite values, the scale must be finite.
+    /// `shape[0]` finite values, the scale must be finite and > 0.
     ///
     /// Errors: `ShapeMismatch` naming `weights_i8` or `bias`; `InvalidConfig`
     /// naming `scale`; `NonFinite` naming `bias`.
@@ -257,10 +257,12 @@ impl QuantizedWeightsRef<'_> {
                 actual: format!("{} values", self.weights_i8.len()),
             });
         }
-        if !self.scale.is_finite() {
+        // `from_f32` never makes a scale below 1e-8: 0 or a negative scale
+        // would dequantize to zeros or flip every sign.
+        if !(self.scale.is_finite() && self.scale > 0.0) {
             return Err(QuantError::invalid(
                 "scale",
-                format!("expected a finite scale, got {}", self.scale),
+                format!("expected a finite scale > 0, got {}", self.scale),
             ));
         }
         if let Some(b) = self.bias {

@@ -82,7 +82,12 @@ fn first_non_finite_of<T: Float>(x: &[T]) -> Option<usize> {
 /// weights `[out, cols]`: one factor per input feature (column).
 ///
 /// Errors: `ShapeMismatch` when a matrix does not tile into rows of `cols`;
+/// `InvalidConfig` for a config outside [`SmoothQuantConfig::new`]'s domain;
 /// `NonFinite` naming the argument and the first NaN or infinity.
+///
+/// The `cols` factors are allocated as `vec!` does (an impossible `cols` with
+/// empty matrices aborts or panics like any `Vec`); pass your own buffer to
+/// [`compute_smooth_factors_into`] to handle that yourself.
 pub fn compute_smooth_factors<A: Float, W: Float>(
     activations: &[A],
     weights: &[W],
@@ -118,6 +123,8 @@ pub fn compute_smooth_factors_into<A: Float, W: Float>(
     if out.len() != cols {
         return Err(QuantError::len_mismatch("out", cols, out.len()));
     }
+    // The fields are public: a config not made by `new` is checked here.
+    let config = SmoothQuantConfig::new(config.alpha, config.epsilon)?;
     let _env = crate::simd::fpenv::Pinned::new();
     let isa = Isa::detected();
     let alpha = config.alpha;

@@ -6,9 +6,18 @@
 /// (callers split the work across ferroquant's pool).
 ///
 /// # Panics
-/// If a slice is shorter than its shape says (a caller bug, not bad input).
+/// If a slice is shorter than its shape says, a product of two dimensions
+/// included (a caller bug, not bad input).
 pub fn gemm_abt(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
-    assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n);
+    // Checked products: a wrapped `m * k` would pass the check with short
+    // slices, and the product below would then write outside them.
+    let holds = |len: usize, rows: usize, cols: usize| {
+        rows.checked_mul(cols).is_some_and(|need| len >= need)
+    };
+    assert!(
+        holds(a.len(), m, k) && holds(b.len(), n, k) && holds(c.len(), m, n),
+        "gemm_abt: slices shorter than {m} x {k}, {n} x {k} and {m} x {n}"
+    );
     if m == 0 || n == 0 {
         return;
     }

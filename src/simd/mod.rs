@@ -13,7 +13,15 @@
 //!   dispatcher, an exhaustive match over tiers.
 //! - `fpenv.rs`: the floating-point environment kernels compute in.
 //!
-//! Every SIMD path reproduces the scalar one bit for bit (`tests/kernels/`).
+//! Every SIMD path reproduces the scalar one bit for bit (`tests/kernels/`)
+//! on the inputs the drivers in `ops/` hand them: they check first what the
+//! primitives assume. Finite values (non-finite ones are found by the
+//! max-abs pass before any code is made), finite positive scales,
+//! `qmin <= qmax` and a clip > 0, `k >= 1` for the integer dot products. Off
+//! that contract a primitive stays memory-safe (a slice shorter than its
+//! stated length panics) but its result is unspecified and may differ
+//! between tiers, or the scalar one may panic. Call `ops/`, not these, with
+//! untrusted input.
 //!
 //! Primitives compute in the default floating-point environment (round to
 //! nearest even, no flush-to-zero, no denormals-are-zero): several convert

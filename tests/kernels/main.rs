@@ -6,6 +6,7 @@
 mod rng;
 
 mod affine;
+mod api;
 mod blockwise;
 mod dynamic;
 mod f16bits;
