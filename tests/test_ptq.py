@@ -11,6 +11,7 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
+import safetensors.numpy
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -252,8 +253,19 @@ def test_a_held_scale_must_be_positive_in_files_too(tmp_path, bad):
     doc = json.loads(path.read_text())
     doc["layers"][0]["scale"] = bad
     path.write_text(json.dumps(doc))
-    with pytest.raises(fq.FormatError, match="scale must be > 0"):
+    with pytest.raises(fq.FormatError, match=r"scale.* > 0"):
         fq.QuantizedModel.load(path)
+    path = tmp_path / "m.safetensors"
+    fq.save(path, {"w": fq.QuantizedWeights("a", np.ones(4, np.int8), (2, 2), 0.5)})
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8 : 8 + n])["__metadata__"]
+    entry = json.loads(meta["ferroquant:w"])
+    entry["scale"] = bad
+    meta["ferroquant:w"] = json.dumps(entry)
+    path.write_bytes(safetensors.numpy.save(safetensors.numpy.load(raw), metadata=meta))
+    with pytest.raises(fq.FormatError, match="scale must be > 0"):
+        fq.load(path)
 
 
 @pytest.mark.parametrize("bad", [True, "1", [1.0], None.__class__])
