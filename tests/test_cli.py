@@ -684,6 +684,8 @@ def test_config_must_be_strict_json(tmp_path, rng):
         '{"a": 1e999}': "beyond float64's range",
         '{"a": 1, "a": 2}': "'a' is given twice",
         '{"a": {"b": 1, "b": 1}}': "'b' is given twice",
+        '{"a": 1' + "0" * 400 + "}": "beyond float64's range",
+        '{"a": -1' + "0" * 5000 + "}": "beyond float64's range",
     }
     cfg, out = tmp_path / "cfg.json", tmp_path / "m.json"
     for text, why in cases.items():
@@ -741,7 +743,19 @@ def test_a_json_model_is_not_quantized_again_and_a_plain_file_warns(tmp_path, rn
     r = cli("quantize", str(js), "-o", str(tmp_path / "x.safetensors"), "--scheme", "int8")
     assert r.returncode == 1 and "is a .json model" in r.stderr
     r = cli("dequantize", str(src), "-o", str(tmp_path / "d.safetensors"))
-    assert r.returncode == 0 and "holds no quantized tensor" in r.stderr
+    assert r.returncode == 0 and "holds no quantized tensor: its 1 array(s)" in r.stderr
+    # Only an existing file that holds JSON is called a model: a missing one is missing,
+    # and a safetensors file named .json is read as what it is.
+    r = cli("quantize", str(tmp_path / "none.json"), "-o", str(tmp_path / "x.safetensors"))
+    assert r.returncode == 1 and "No such file" in r.stderr and "a .json model" not in r.stderr
+    named = tmp_path / "really-safetensors.json"
+    named.write_bytes(src.read_bytes())
+    r = cli("quantize", str(named), "-o", str(tmp_path / "y.safetensors"), "--scheme", "int8")
+    assert r.returncode == 0, r.stderr
+    stats = tmp_path / "stats.safetensors"
+    fq.save(stats, {"s": fq.CalibStats.collect([np.ones(4, np.float32)])})
+    r = cli("dequantize", str(stats), "-o", str(tmp_path / "e.safetensors"))
+    assert r.returncode == 0 and "nothing to write" in r.stderr and "copied" not in r.stderr
 
 
 def test_the_config_file_is_never_the_output(tmp_path, rng):

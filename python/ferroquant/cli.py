@@ -118,6 +118,12 @@ def _all_finite(values: np.ndarray, step: int = 1 << 20) -> bool:
     return all(np.isfinite(flat[i : i + step]).all() for i in range(0, flat.size, step))
 
 
+def _any_nan(values: np.ndarray, step: int = 1 << 20) -> bool:
+    """Whether a value is NaN, a slice at a time (no tensor-sized mask)."""
+    flat = values.reshape(-1)
+    return any(np.isnan(flat[i : i + step]).any() for i in range(0, flat.size, step))
+
+
 def _worse(a: float, b: float) -> float:
     """The larger of two errors, NaN if either is (``max(0.0, nan)`` is 0.0)."""
     return a if math.isnan(a) or a >= b else b
@@ -250,7 +256,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         )
     if args.config is not None and not json_out:
         raise CliError("--config is recorded in a .json model only (give -o OUT.json)")
-    if src.name.lower().endswith(".json"):
+    if src.name.lower().endswith(".json") and _looks_like_json(src):
         raise CliError(
             f"{_path_shown(src)} is a .json model (quantized already); quantize reads "
             "safetensors files: `ferroquant dequantize` turns the model into one"
@@ -324,6 +330,14 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                     warnings.simplefilter("always")
                     try:
                         q = _quantize_named(quantizer, arr, name)
+                        ms = (time.perf_counter() - t0) * 1e3
+                        restored = quantizer.dequantize(q)
+                        max_err, mean_err = error_stats(arr, restored)
+                        # NaN is what stays non-finite once `ferroquant dequantize`
+                        # writes the values (_restore clamps an infinity back to
+                        # the dtype's largest value).
+                        finite = not _any_nan(restored)
+                        del restored
                     except QuantizationError as e:
                         raise CliError(f"tensor {name!r}: {e}") from None
                     except MemoryError:
@@ -336,13 +350,6 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                         f"ferroquant: warning: {_shown(name)}: {_cli_words(str(w.message))}",
                         file=sys.stderr,
                     )
-                ms = (time.perf_counter() - t0) * 1e3
-                restored = quantizer.dequantize(q)
-                max_err, mean_err = error_stats(arr, restored)
-                # As `ferroquant dequantize` will write it (a half step past the
-                # dtype's largest value is clamped back, see _restore).
-                finite = _all_finite(_restore(restored, arr.dtype))
-                del restored
                 if not finite:
                     # A file whose tensor comes back as NaN or inf is no model:
                     # refused (the partial output is removed), as compare does.
@@ -403,6 +410,17 @@ def _quantize_named(quantizer: Any, arr: np.ndarray, name: str) -> Any:
     return quantizer.quantize(arr)
 
 
+def _looks_like_json(path: Path) -> bool:
+    """Whether ``path`` is a file whose first non-blank byte opens a JSON object (a
+    safetensors file starts with its header's 8-byte length instead)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False  # the reader reports it
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+
+
 def _layer_name(tensor: str) -> str:
     """The seed's layer name of a weight tensor: ``encoder.fc.weight`` -> ``encoder.fc``."""
     return tensor[: -len(".weight")] if tensor.endswith(".weight") else tensor
@@ -422,6 +440,7 @@ def _read_config(path: Optional[str]) -> str:
             text,
             parse_constant=_json_constant,
             parse_float=_json_float,
+            parse_int=_json_int,
             object_pairs_hook=_json_object,
         )
     except (UnicodeDecodeError, ValueError) as e:
@@ -440,6 +459,14 @@ def _json_float(text: str) -> float:
     if not math.isfinite(v):
         raise ValueError(f"the number {text[:40]} is beyond float64's range")
     return v
+
+
+def _json_int(text: str) -> int:
+    # Past 309 digits an integer is beyond float64's range, as 1e999 is (and the
+    # check comes before Python's own limit on digits).
+    if len(text.lstrip("-")) > 309:
+        raise ValueError(f"the number {text[:40]}... is beyond float64's range")
+    return int(text)
 
 
 def _json_object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
@@ -963,7 +990,7 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
         for k, v in reader.metadata.items()
         if not k.startswith(ENTRY_PREFIX) and k not in ("ferroquant.source", "ferroquant.version")
     }
-    n = 0
+    n = copied = 0
     with StreamingWriter(out, meta) as writer:
         for name, value in reader.entries():
             if isinstance(value, QuantizedModel):
@@ -983,11 +1010,13 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
                 restored = _restore(restored, want)
                 value = restored
                 n += 1
+            else:
+                copied += 1
             writer.add(name, value)
     if n == 0:
+        what = f"its {copied} array(s) were copied as they are" if copied else "nothing to write"
         print(
-            "ferroquant: warning: the input holds no quantized tensor: its tensors were "
-            "copied as they are",
+            f"ferroquant: warning: the input holds no quantized tensor: {what}",
             file=sys.stderr,
         )
     print(f"dequantized {n} tensors into {_path_shown(out)}")
