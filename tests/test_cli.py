@@ -682,8 +682,8 @@ def test_config_must_be_strict_json(tmp_path, rng):
         '{"a": NaN}': "NaN is not JSON",
         '{"a": -Infinity}': "-Infinity is not JSON",
         '{"a": 1e999}': "beyond float64's range",
-        '{"a": 1, "a": 2}': "'a' is given twice",
-        '{"a": {"b": 1, "b": 1}}': "'b' is given twice",
+        '{"a": 1, "a": 2}': "key 'a' appears twice",
+        '{"a": {"b": 1, "b": 1}}': "key 'b' appears twice",
         '{"a": 1' + "0" * 400 + "}": "beyond float64's range",
         '{"a": -1' + "0" * 5000 + "}": "beyond float64's range",
     }

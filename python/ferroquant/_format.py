@@ -439,7 +439,7 @@ def array_at(buf: Any, t: Tensor, name: str, origin: str) -> np.ndarray:
     return arr
 
 
-def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+def unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
     """A JSON object's members, refusing a key given twice (``json`` keeps the last)."""
     out: Dict[str, Any] = {}
     for k, v in pairs:
@@ -451,7 +451,7 @@ def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
 
 def _check_entry(name: str, raw: str, present: Mapping[str, Any]) -> Tuple[type, Dict[str, Any]]:
     try:
-        entry = json.loads(raw, object_pairs_hook=_unique_keys)
+        entry = json.loads(raw, object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as e:
         raise FormatError(f"metadata entry for {name!r} is not valid JSON: {e}") from None
     if not isinstance(entry, dict):

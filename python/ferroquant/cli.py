@@ -32,7 +32,7 @@ import numpy as np
 
 from . import __version__
 from ._checks import FLOAT_DTYPES, is_float_dtype
-from ._format import ENTRY_PREFIX
+from ._format import ENTRY_PREFIX, unique_keys
 from .errors import QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
@@ -441,7 +441,7 @@ def _read_config(path: Optional[str]) -> str:
             parse_constant=_json_constant,
             parse_float=_json_float,
             parse_int=_json_int,
-            object_pairs_hook=_json_object,
+            object_pairs_hook=unique_keys,
         )
     except (UnicodeDecodeError, ValueError) as e:
         raise CliError(f"--config {_path_shown(path)}: not a JSON file ({e})") from None
@@ -467,15 +467,6 @@ def _json_int(text: str) -> int:
     if len(text.lstrip("-")) > 309:
         raise ValueError(f"the number {text[:40]}... is beyond float64's range")
     return int(text)
-
-
-def _json_object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"the key {k[:40]!r} is given twice")
-        out[k] = v
-    return out
 
 
 def _quantize_json(
