@@ -351,8 +351,8 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                         file=sys.stderr,
                     )
                 if not finite:
-                    # A file whose tensor comes back as NaN or inf is no model:
-                    # refused (the partial output is removed), as compare does.
+                    # A file whose tensor comes back as NaN is no model: refused
+                    # (the partial output is removed), as compare does.
                     raise CliError(
                         f"tensor {name!r}: {quantizer.name} dequantizes it to values that are "
                         "not finite (its range overflows the scheme's arithmetic); choose "
