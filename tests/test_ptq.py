@@ -388,6 +388,19 @@ def test_layer_calibration_values_are_float32():
     with pytest.raises(fq.InvalidConfigError, match="w_max"):
         fq.LayerCalibration("l", 0.0, float("nan"), -1.0, 1.0)
     assert "LayerCalibration(name='l'" in repr(lc)
+    # Ranges are ranges: an inverted one is refused, and so is a file holding one.
+    assert fq.LayerCalibration("l", 0.5, 0.5, 2.0, 2.0).weight_scale() > 0
+    for bad in (("l", 0.3, -0.1, -1, 1), ("l", -0.1, 0.3, 1, -1)):
+        with pytest.raises(fq.InvalidConfigError, match="must not exceed"):
+            fq.LayerCalibration(*bad)
+    raw = lc.to_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8 : 8 + n])["__metadata__"]
+    entry = json.loads(meta["ferroquant:value"])
+    entry["w_min"], entry["w_max"] = entry["w_max"], entry["w_min"]
+    meta["ferroquant:value"] = json.dumps(entry)
+    with pytest.raises(fq.FormatError, match="must not exceed"):
+        fq.LayerCalibration.from_bytes(safetensors.numpy.save({}, metadata=meta))
 
 
 # -- dataclasses, files, registry -------------------------------------------------------------

@@ -125,9 +125,9 @@ class LayerCalibration(Quantized):
 
     Attributes:
         name: the layer's name.
-        w_min, w_max: the smallest and largest weight.
-        act_min, act_max: activation range (:class:`Calibrator` records the seed's
-            weight-only placeholders -1 and 1).
+        w_min, w_max: the smallest and largest weight (``w_min <= w_max``).
+        act_min, act_max: activation range, ``act_min <= act_max`` (:class:`Calibrator`
+            records the seed's weight-only placeholders -1 and 1).
     """
 
     name: str
@@ -144,6 +144,12 @@ class LayerCalibration(Quantized):
         object.__setattr__(self, "name", _text(self.name, "name"))
         for f in ("w_min", "w_max", "act_min", "act_max"):
             object.__setattr__(self, f, _f32(getattr(self, f), f))
+        # A range, as CalibStats' min/max: a file cannot carry an inverted one.
+        for lo, hi in (("w_min", "w_max"), ("act_min", "act_max")):
+            if getattr(self, lo) > getattr(self, hi):
+                raise InvalidConfigError(
+                    f"{lo} ({getattr(self, lo):g}) must not exceed {hi} ({getattr(self, hi):g})"
+                )
 
     def weight_scale(self) -> float:
         """``max(|w_min|, |w_max|) / 127`` in float32."""
