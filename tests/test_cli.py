@@ -658,6 +658,18 @@ def test_quantize_refuses_a_tensor_that_dequantizes_to_non_finite_values(tmp_pat
     assert r.returncode == 0 and out.exists()
 
 
+def test_compare_judges_overflow_as_quantize_and_dequantize_do(tmp_path):
+    # float16 ±65504 under int8-asym restores a half step past 65504: dequantize
+    # clamps it back, quantize accepts it, and compare reports the clamped error.
+    src, out = tmp_path / "h.safetensors", tmp_path / "q.safetensors"
+    stn.save_file({"w": np.array([[-65504, 65504], [1, 2]], np.float16)}, str(src))
+    r = cli("compare", str(src), "--schemes", "int8-asym", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["schemes"]
+    assert np.isfinite(row["max_abs_err"]) and row["max_abs_err"] <= 512
+    assert cli("quantize", str(src), "-o", str(out), "--scheme", "int8-asym").returncode == 0
+
+
 def test_messages_stay_on_one_line_and_keep_what_follows_a_line_break(tmp_path, rng):
     # A path may hold a line break or an escape sequence: printed escaped, whole.
     bad = tmp_path / "bad\nfile.safetensors"

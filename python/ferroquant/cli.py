@@ -764,8 +764,13 @@ def _compare(
                         held = int(value.nbytes)
                         restored = q.dequantize(value)
                         del value
-                        if not _all_finite(restored):
+                        # Judged as `quantize` judges it: by the values `dequantize`
+                        # writes (an infinity a half step past the dtype's largest
+                        # value is clamped back; NaN stays).
+                        if _any_nan(restored):
                             why = "it dequantizes to values that are not finite"
+                        elif not _all_finite(restored):
+                            restored = _restore(restored, arr.dtype)
                 if why is not None:
                     # A scheme the user named must fit; one of the defaults that
                     # cannot take this tensor is left out of the table, saying why.
