@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -656,6 +657,42 @@ def test_quantize_refuses_a_tensor_that_dequantizes_to_non_finite_values(tmp_pat
     assert r.returncode == 1 and "not finite" in r.stderr
     r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8", "--no-progress")
     assert r.returncode == 0 and out.exists()
+
+
+def test_compare_keys_rows_by_registry_name_and_survives_a_broken_factory(tmp_path, rng):
+    # Two entries whose quantizers share a .name (an alias with other parameters)
+    # are two rows; a registered factory that raises leaves only itself out.
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from ferroquant import cli as cli_mod
+    from ferroquant import registry
+
+    src = tmp_path / "m.safetensors"
+    stn.save_file({"w": rng.standard_normal((64, 64)).astype(np.float32)}, str(src))
+    saved = dict(registry._REGISTRY)
+    try:
+        fq.register_quantizer("blockwise8-bs16", lambda: fq.Blockwise8(16))
+
+        def boom() -> Any:
+            raise RuntimeError("boom")
+
+        fq.register_quantizer("boom", boom)
+        for argv in (["--schemes", "blockwise8,blockwise8-bs16"], []):
+            out, err = io.StringIO(), io.StringIO()
+            with redirect_stdout(out), redirect_stderr(err):
+                code = cli_mod.main(["compare", str(src), "--json", "--no-progress", *argv])
+            assert code == 0, err.getvalue()
+            rows = {r["scheme"]: r for r in json.loads(out.getvalue())["schemes"]}
+            assert rows["blockwise8"]["bytes"] == 64 * 64 + 2 * 64
+            assert rows["blockwise8-bs16"]["bytes"] == 64 * 64 + 2 * 256
+            if not argv:
+                assert "scheme boom left out: building it raised RuntimeError: boom" in (
+                    err.getvalue()
+                )
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved)
 
 
 def test_compare_judges_overflow_as_quantize_and_dequantize_do(tmp_path):

@@ -68,3 +68,20 @@ def test_register_validates_its_arguments(clean_registry):
         fq.register_quantizer("", Halver)
     with pytest.raises(TypeError):
         fq.register_quantizer("x", 42)  # type: ignore[arg-type]
+    # replace is a bool, not read by truthiness: "no" must not overwrite int8.
+    for bad in ("no", "False", 1, None):
+        with pytest.raises(TypeError, match="replace must be a bool"):
+            fq.register_quantizer("int8", Halver, replace=bad)  # type: ignore[arg-type]
+    assert fq.get_quantizer("int8").name == "int8"
+
+
+def test_a_factory_must_build_a_quantizer(clean_registry):
+    fq.register_quantizer("notq", lambda: 42)
+    with pytest.raises(TypeError, match="'notq': its factory returned a int, not a Quantizer"):
+        fq.get_quantizer("notq")
+
+
+def test_dynamic_names_an_unknown_scheme_with_a_typed_error():
+    for bad in ("dynamic-int16", ["x"], None):
+        with pytest.raises(fq.InvalidConfigError, match="name must be one of"):
+            fq.Dynamic(bad)  # type: ignore[arg-type]

@@ -660,8 +660,9 @@ class _Tally:
         return 10 * (x - e)
 
 
-def _compare_schemes(arg: Optional[str]) -> Tuple[List[Any], bool]:
-    """The quantizers to compare, and whether the user chose them."""
+def _compare_schemes(arg: Optional[str]) -> Tuple[List[Tuple[str, Any]], bool]:
+    """The quantizers to compare with their registry names (two entries may build
+    quantizers of one ``.name``), and whether the user chose them."""
     if arg is None:
         out = []
         for name in list_quantizers():
@@ -669,8 +670,15 @@ def _compare_schemes(arg: Optional[str]) -> Tuple[List[Any], bool]:
                 q = get_quantizer(name)
             except (TypeError, ValueError):
                 continue  # a registered factory that needs parameters: name it with --schemes
+            except Exception as e:  # a user's factory that fails: the others still run
+                print(
+                    f"ferroquant: warning: scheme {_shown(name)} left out: building it "
+                    f"raised {type(e).__name__}: {_one_line(str(e))}",
+                    file=sys.stderr,
+                )
+                continue
             if getattr(q, "kind", "weight") == "weight":
-                out.append(q)
+                out.append((name, q))
         return out, False
     names = [n.strip() for n in arg.split(",") if n.strip()]
     if not names:
@@ -678,7 +686,7 @@ def _compare_schemes(arg: Optional[str]) -> Tuple[List[Any], bool]:
     if len(set(names)) != len(names):
         raise CliError(f"--schemes names a scheme twice: {arg}")
     try:
-        return [get_quantizer(n) for n in names], True
+        return [(n, get_quantizer(n)) for n in names], True
     except KeyError as e:
         raise CliError(str(e.args[0])) from None
 
@@ -722,7 +730,7 @@ def _compare(
         raise CliError(f"{src} holds no floating tensor of rank >= 2 to quantize")
     # Keep the schemes that fit every tensor (a chosen one that does not is an error).
     kept = []
-    for q in quantizers:
+    for label, q in quantizers:
         fits: Any = getattr(q, "fits", None)
         why = None
         for n in tensors if fits is not None else ():
@@ -732,12 +740,13 @@ def _compare(
                 why = f"tensor {n!r} of shape {'x'.join(map(str, t.shape))}: {why}"
                 break
         if why and chosen:
-            raise CliError(f"scheme {q.name!r} does not fit {why}")
+            raise CliError(f"scheme {label!r} does not fit {why}")
         if not why:
-            kept.append(q)
+            kept.append((label, q))
     if not kept:
         raise CliError("no registered weight scheme fits every tensor of this file")
-    tallies = {q.name: _Tally() for q in kept}
+    # Keyed by registry name, not by the quantizers' own names (which may repeat).
+    tallies = {label: _Tally() for label, _ in kept}
     other_bytes = source_bytes = 0
     show = not args.no_progress and sys.stderr.isatty()
     with _progress(len(tensors) * len(kept), show) as bar:
@@ -748,9 +757,9 @@ def _compare(
                 continue
             arr = reader.get(name)
             source_bytes += arr.nbytes
-            for q in list(kept):
-                bar.set_postfix_str(f"{q.name} {name[-30:]}", refresh=False)
-                tally = tallies[q.name]
+            for label, q in list(kept):
+                bar.set_postfix_str(f"{label} {name[-30:]}", refresh=False)
+                tally = tallies[label]
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     t0 = time.perf_counter()
@@ -775,14 +784,14 @@ def _compare(
                     # A scheme the user named must fit; one of the defaults that
                     # cannot take this tensor is left out of the table, saying why.
                     if chosen:
-                        raise CliError(f"scheme {q.name!r}, tensor {name!r}: {why}")
+                        raise CliError(f"scheme {label!r}, tensor {name!r}: {why}")
                     print(
-                        f"ferroquant: warning: scheme {q.name} left out: tensor "
+                        f"ferroquant: warning: scheme {label} left out: tensor "
                         f"{_shown(name)}: {_cli_words(why)}",
                         file=sys.stderr,
                     )
-                    kept.remove(q)
-                    del tallies[q.name]
+                    kept = [k for k in kept if k[0] != label]
+                    del tallies[label]
                     if not kept:
                         raise CliError("no registered weight scheme fits every tensor of this file")
                 else:

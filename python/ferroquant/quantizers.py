@@ -19,6 +19,7 @@ from .dynamic import (
     dynamic_quantize_int8,
     dynamic_quantize_int8_per_row,
 )
+from .errors import InvalidConfigError
 from .ptq import QuantizedWeights
 from .registry import register_quantizer
 
@@ -137,8 +138,10 @@ class Dynamic:
     kind: str = field(default="activation", init=False)
 
     def __post_init__(self) -> None:
-        if self.name not in _DYNAMIC:
-            raise KeyError(f"unknown dynamic scheme {self.name!r}; known: {', '.join(_DYNAMIC)}")
+        if not isinstance(self.name, str) or self.name not in _DYNAMIC:
+            raise InvalidConfigError(
+                f"name must be one of {', '.join(_DYNAMIC)}, got {self.name!r}"
+            )
         mode = MaxAbs() if self.percentile is None else Percentile(self.percentile)
         object.__setattr__(self, "mode", mode)
 

@@ -36,11 +36,15 @@ def register_quantizer(
     """Register ``factory`` (called with the parameters of :func:`get_quantizer`) as ``name``.
 
     Raises:
-        TypeError: ``name`` is not a non-empty str or ``factory`` is not callable.
+        TypeError: ``name`` is not a non-empty str, ``factory`` is not callable or
+            ``replace`` is not a bool.
         ValueError: ``name`` is taken and ``replace`` is false.
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not isinstance(replace, (bool, np.bool_)):
+        # Not read by truthiness: replace="no" must not overwrite a built-in.
+        raise TypeError(f"replace must be a bool, got {type(replace).__name__}")
     if not callable(factory):
         raise TypeError(f"factory must be callable, got {type(factory).__name__}")
     if name in _REGISTRY and not replace:
@@ -63,8 +67,16 @@ def get_quantizer(name: str, /, **params: Any) -> Quantizer:
 
     Raises:
         KeyError: no quantizer has that name (the message lists the known ones).
+        TypeError: the factory built something that is not a :class:`Quantizer`
+            (no ``name``, ``quantize`` or ``dequantize``).
     """
-    return registry_factory(name)(**params)
+    q = registry_factory(name)(**params)
+    if not isinstance(q, Quantizer):
+        raise TypeError(
+            f"quantizer {name!r}: its factory returned a {type(q).__name__}, not a "
+            "Quantizer (name, quantize(x), dequantize(q))"
+        )
+    return q
 
 
 def list_quantizers() -> List[str]:
