@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
-from helpers import cli
+from helpers import cli, craft
 
 import ferroquant as fq
 
@@ -773,11 +773,7 @@ def test_ptq_ratios_count_what_is_held_against_what_the_layers_had(tmp_path, rng
 def test_quantize_names_the_tensor_that_does_not_fit_in_memory(tmp_path):
     # 2**40 channels of nothing: per-channel scales would need 8 TiB.
     src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
-    header = json.dumps(
-        {"f": {"dtype": "F32", "shape": [1 << 40, 0], "data_offsets": [0, 0]}}
-    ).encode()
-    header += b" " * (-len(header) % 8)
-    src.write_bytes(len(header).to_bytes(8, "little") + header)
+    src.write_bytes(craft({"f": {"dtype": "F32", "shape": [1 << 40, 0], "data_offsets": [0, 0]}}))
     r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8-per-channel")
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "tensor 'f'" in r.stderr and "memory" in r.stderr

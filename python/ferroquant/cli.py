@@ -112,16 +112,21 @@ def _cli_words(text: str) -> str:
     return text.replace("scale_dtype=np.float32", "--scale-dtype float32")
 
 
-def _all_finite(values: np.ndarray, step: int = 1 << 20) -> bool:
-    """Whether every value is finite, a slice at a time (no tensor-sized mask)."""
+def _any_value(values: np.ndarray, test: Any, step: int = 1 << 20) -> bool:
+    """Whether ``test`` (a ufunc such as ``np.isnan``) holds for some value, a slice
+    at a time (no tensor-sized mask)."""
     flat = values.reshape(-1)
-    return all(np.isfinite(flat[i : i + step]).all() for i in range(0, flat.size, step))
+    return any(test(flat[i : i + step]).any() for i in range(0, flat.size, step))
 
 
-def _any_nan(values: np.ndarray, step: int = 1 << 20) -> bool:
-    """Whether a value is NaN, a slice at a time (no tensor-sized mask)."""
-    flat = values.reshape(-1)
-    return any(np.isnan(flat[i : i + step]).any() for i in range(0, flat.size, step))
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether every value is finite (see :func:`_any_value`)."""
+    return not _any_value(values, lambda v: ~np.isfinite(v))
+
+
+def _any_nan(values: np.ndarray) -> bool:
+    """Whether a value is NaN (see :func:`_any_value`)."""
+    return _any_value(values, np.isnan)
 
 
 def _worse(a: float, b: float) -> float:
@@ -776,10 +781,12 @@ def _compare(
                         # Judged as `quantize` judges it: by the values `dequantize`
                         # writes (an infinity a half step past the dtype's largest
                         # value is clamped back; NaN stays).
-                        if _any_nan(restored):
-                            why = "it dequantizes to values that are not finite"
-                        elif not _all_finite(restored):
-                            restored = _restore(restored, arr.dtype)
+                        # One pass when all is finite, the common case.
+                        if not _all_finite(restored):
+                            if _any_nan(restored):
+                                why = "it dequantizes to values that are not finite"
+                            else:
+                                restored = _restore(restored, arr.dtype)
                 if why is not None:
                     # A scheme the user named must fit; one of the defaults that
                     # cannot take this tensor is left out of the table, saying why.
