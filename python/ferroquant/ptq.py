@@ -439,9 +439,11 @@ class QuantizedModel(Quantized):
         """Parse the seed's JSON (``str`` or ``bytes``).
 
         Raises:
-            FormatError: malformed JSON; a missing, unknown or duplicate field; a value
-                of the wrong type (a ``weights_i8`` value outside -128..127 included);
-                counts that do not match ``shape``; non-finite floats.
+            FormatError: malformed JSON; a missing, unknown or duplicate field (a
+                layer's ``bias`` may be left out: serde reads a missing ``Option`` as
+                ``null``, so this matches the seed); a value of the wrong type (a
+                ``weights_i8`` value outside -128..127 included); counts that do not
+                match ``shape``; non-finite floats.
         """
         if isinstance(data, str):
             try:

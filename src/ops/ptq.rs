@@ -513,8 +513,10 @@ impl QuantizedModel {
     /// Parse and check the seed's JSON.
     ///
     /// Errors: `Format` for malformed JSON, a missing, unknown or duplicate
-    /// field, a value of the wrong type (a code outside the int8 range
-    /// included), or a layer that fails [`QuantizedWeightsRef::validate`].
+    /// field (except a layer's `bias`, which serde reads as `None` when it is
+    /// left out, as the seed does), a value of the wrong type (a code outside
+    /// the int8 range included), or a layer that fails
+    /// [`QuantizedWeightsRef::validate`].
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
         let model: QuantizedModel =
             serde_json::from_slice(bytes).map_err(|e| QuantError::Format { msg: e.to_string() })?;
