@@ -157,7 +157,7 @@ def render(rows: List[Row], markdown: bool) -> str:
         lines += ["| " + " | ".join(b) + " |" for b in body]
         return "\n".join(lines)
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths))  # noqa: E731
+    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))  # noqa: E731
     return "\n".join([fmt(head), *map(fmt, body)])
 
 

@@ -199,7 +199,9 @@ def test_wheel_matches_rust_ptq_bit_for_bit(params, arrays):
                 shape,
                 arrays[f"b{k}"] if has_bias else None,
             )
-            for k, (shape, has_bias) in enumerate(zip(params["shapes"], params["biases"]))
+            for k, (shape, has_bias) in enumerate(
+                zip(params["shapes"], params["biases"], strict=True)
+            )
         ]
         model = fq.quantize_model_weights(params["config_json"], layers)
         assert model.to_json().encode() == arrays["json"].tobytes()

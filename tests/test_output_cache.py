@@ -111,7 +111,7 @@ def test_codes_held_by_a_dataclass_are_never_reused(rng):
     copies = [q.data.copy() for q in held]
     for x in xs[::-1]:
         fq.quantize(x)
-    for q, c in zip(held, copies):
+    for q, c in zip(held, copies, strict=True):
         np.testing.assert_array_equal(q.data, c)
     addresses = {address(q.data) for q in held}
     assert len(addresses) == len(held)

@@ -164,7 +164,7 @@ def test_errors_name_the_argument_and_change_nothing():
         fq.w8a8_matmul(np.zeros((2, 0), np.int8), s, np.zeros((3, 0), np.float32))
     with pytest.raises(fq.ShapeMismatchError, match="activations"):
         fq.w8a8_matmul(w, s, x)
-    for a, b in zip((w, s, x), before):
+    for a, b in zip((w, s, x), before, strict=True):
         assert a.tobytes() == b.tobytes()
 
 

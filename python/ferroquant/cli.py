@@ -75,7 +75,7 @@ def _fmt_bytes(n: float) -> str:
 def _table(rows: List[List[str]], header: List[str]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(  # noqa: E731
-        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
     )
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 

@@ -78,7 +78,7 @@ def quantization_mae(original: np.ndarray, reconstructed: np.ndarray) -> np.floa
     if n == 0:
         return F32(0)
     total = F32(0)
-    for a, b in zip(o[:n], r[:n]):
+    for a, b in zip(o[:n], r[:n], strict=True):
         total = F32(total + F32(abs(F32(a - b))))
     return F32(total / F32(n))
 
@@ -188,7 +188,9 @@ def w8a8(weight: np.ndarray, weight_scales: np.ndarray, x: np.ndarray) -> np.nda
     out = np.zeros((rows.shape[0], w.shape[0]), F32)
     for t in range(rows.shape[0]):
         for o in range(w.shape[0]):
-            acc = sum(int(a) * int(b) for a, b in zip(w[o].tolist(), codes[t].tolist()))
+            acc = sum(
+                int(a) * int(b) for a, b in zip(w[o].tolist(), codes[t].tolist(), strict=True)
+            )
             # `acc as f32 * w_scale * act_scale`, each product rounded to f32.
             out[t, o] = F32(F32(F32(acc) * weight_scales[o]) * scales[t])
     return out[0] if xs.ndim == 1 else out
