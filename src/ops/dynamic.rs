@@ -208,7 +208,7 @@ fn statistic<T: Float>(
                 if let Some(v) = percentile_in_one_pass(isa, x, rank, stage, bits)? {
                     return Ok(v);
                 }
-                return percentile_by_histogram(isa, x, rank, stage, bits);
+                return percentile_by_histogram(isa, x, rank, stage);
             }
             // |x| as bit patterns: for non-negative finite floats their integer
             // order is the float order, so selection on integers is exact.
@@ -339,39 +339,51 @@ fn percentile_in_one_pass<T: Float>(
     Ok(Some(f32::from_bits(*v)))
 }
 
-/// The |x| of rank `rank` in two streaming passes and no copy of the input:
-/// a histogram of the top 16 bits of each |x| bit pattern (with the
-/// non-finite check) finds the bin holding the rank; the second pass collects
-/// only that bin's values and selects among them. Exact: bins are ranges of
-/// bit patterns, ordered as the values are.
+/// The |x| of rank `rank` in two streaming passes, with no copy of the input
+/// and no memory that grows with it: a histogram of the top 16 bits of each
+/// |x| bit pattern (with the non-finite check) finds the bin holding the rank;
+/// a second histogram, of the low 15 bits of that bin's values, finds the
+/// value itself (the two histograms give all 31 bits). Exact: bins are ranges
+/// of bit patterns, ordered as the values are. Ties cost nothing (a constant
+/// input puts every value in one bin, which the old collect-and-select kept
+/// whole). Should `x` change between the passes (another thread writing it),
+/// the result is a value of the bin the first pass found, never a panic.
 fn percentile_by_histogram<T: Float>(
     isa: Isa,
     x: &[T],
     rank: usize,
     stage: &mut Vec<f32>,
-    bits: &mut Vec<u32>,
 ) -> std::result::Result<f32, usize> {
     let hist = abs_histogram(isa, x, stage)?;
-    let (mut bin, mut below) = (0usize, 0usize);
+    let (mut bin, mut below) = (0usize, 0u64);
     for (b, &c) in hist.iter().enumerate() {
-        if below + c as usize > rank {
-            bin = b;
+        bin = b;
+        if below + c > rank as u64 {
             break;
         }
-        below += c as usize;
+        below += c;
     }
-    bits.clear();
-    bits.reserve(hist[bin] as usize);
+    const LOW_MASK: u32 = (1 << BIN_SHIFT) - 1;
+    let mut low = vec![0u64; 1 << BIN_SHIFT];
     let _ = for_each_stage(isa, x, stage, |_, xs| {
-        bits.extend(
-            xs.iter()
-                .map(|v| v.to_bits() & 0x7fff_ffff)
-                .filter(|&b| (b >> BIN_SHIFT) as usize == bin),
-        );
+        for v in xs {
+            let b = v.to_bits() & 0x7fff_ffff;
+            if (b >> BIN_SHIFT) as usize == bin {
+                low[(b & LOW_MASK) as usize] += 1;
+            }
+        }
         Ok(())
     });
-    let (_, v, _) = bits.select_nth_unstable(rank - below);
-    Ok(f32::from_bits(*v))
+    let mut r = (rank as u64).saturating_sub(below);
+    let mut sub = 0usize;
+    for (s, &c) in low.iter().enumerate() {
+        if c > r {
+            sub = s;
+            break;
+        }
+        r -= c;
+    }
+    Ok(f32::from_bits(((bin as u32) << BIN_SHIFT) | sub as u32))
 }
 
 /// Seed 002's `compute_scale`: 0.0 for empty input or a zero statistic, else

@@ -333,6 +333,12 @@ fn the_sampled_percentile_is_the_sorted_element_even_when_the_sample_misleads() 
             .map(|i| (i as f32).sqrt() * if i % 2 == 0 { 1.0 } else { -1.0 })
             .collect(),
         (0..n).map(|i| (i % 7) as f32 * 0.25).collect(),
+        // Every value in one bin of the top 16 bits, distinct in the low 15
+        // (the second histogram tells them apart), and one value throughout.
+        (0..n)
+            .map(|i| (1.0 + r.unit().abs() * 0.0077) * if i % 3 == 0 { -1.0 } else { 1.0 })
+            .collect(),
+        vec![-3.5; n],
     ];
     for x in &dists {
         let mut sorted: Vec<f32> = x.iter().map(|v| v.abs()).collect();
