@@ -126,6 +126,23 @@ def test_scales_of_any_byte_order_alignment_and_stride():
         assert fq.w8a8_matmul(w, variant, x[None]).tobytes() == want.tobytes()
 
 
+def test_scales_of_other_float_dtypes_are_read_as_float32():
+    rng = np.random.default_rng(9)
+    w = _weights(rng, 3, 40)
+    x = _activations(rng, (2, 40))
+    # Not representable in float32: the kernel multiplies by the rounded value.
+    s64 = np.array([0.1, 1 / 3, 2.000000001])
+    assert not np.array_equal(s64.astype(np.float32).astype(np.float64), s64)
+    for s in (s64, s64.astype(np.float16), s64.astype(ml_dtypes.bfloat16), s64.tolist()):
+        s32 = np.asarray(s).astype(np.float32)
+        want = ref.w8a8(w, s32, x)
+        assert fq.w8a8_matmul(w, s, x).tobytes() == want.tobytes()
+        assert fq.w8a8_matvec(w, s, x[0]).tobytes() == want[0].tobytes()
+    with pytest.raises(fq.NonFiniteError, match="weight_scales") as e:
+        fq.w8a8_matvec(w, np.array([1.0, 1e39, 1.0]), x[0])  # past float32: inf
+    assert e.value.index == 1
+
+
 def test_errors_name_the_argument_and_change_nothing():
     w = np.ones((2, 3), np.int8)
     s = np.ones(2, np.float32)
@@ -147,8 +164,10 @@ def test_errors_name_the_argument_and_change_nothing():
         fq.w8a8_matvec(w.astype(np.uint8), s, x)
     with pytest.raises(TypeError, match="weight_i8 must be an int8"):
         fq.w8a8_matvec(w.tolist(), s, x)
-    with pytest.raises(TypeError, match="weight_scales must be a float32"):
-        fq.w8a8_matvec(w, s.astype(np.float64), x)
+    with pytest.raises(TypeError, match="weight_scales must be a floating array"):
+        fq.w8a8_matvec(w, s.astype(np.int32), x)
+    with pytest.raises(TypeError, match="weight_scales must be a floating array"):
+        fq.w8a8_matvec(w, np.array(["1", "2"], dtype=np.dtypes.StringDType()), x)
     with pytest.raises(TypeError, match="activation"):
         fq.w8a8_matvec(w, s, np.ones(3, np.int32))
     with pytest.raises(fq.NonFiniteError, match="activation") as e:

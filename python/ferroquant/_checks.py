@@ -8,8 +8,9 @@ import os
 import reprlib
 import sys
 import warnings
+import weakref
 from fractions import Fraction
-from typing import Any, Optional, Tuple, Type
+from typing import Any, Dict, Optional, Tuple, Type
 
 import ml_dtypes
 import numpy as np
@@ -293,7 +294,13 @@ def scale_dtype(value: Any) -> np.dtype:
 
 def is_array_of(x: Any, *dtypes: Any) -> bool:
     """Whether ``x`` is an ndarray of one of ``dtypes`` in either byte order."""
-    return isinstance(x, np.ndarray) and x.dtype.newbyteorder("=") in [np.dtype(d) for d in dtypes]
+    if not isinstance(x, np.ndarray):
+        return False
+    try:
+        native = x.dtype.newbyteorder("=")
+    except (TypeError, ValueError):  # NumPy 2's new-style dtypes (StringDType) have no byte order
+        return False
+    return native in [np.dtype(d) for d in dtypes]
 
 
 def describe(x: Any) -> str:
@@ -309,28 +316,57 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+#: Arrays this package allocated, filled and made read-only without handing them
+#: out writable (a file's tensors as they are read), by id, with a weak reference
+#: that drops the entry when the array goes.
+_OWNED: Dict[int, weakref.ref[np.ndarray]] = {}
+
+
+def owned(arr: np.ndarray) -> np.ndarray:
+    """Mark ``arr``, which this package just allocated and filled, read-only and
+    private: a value built on it may hold it without a copy. Only for arrays no
+    caller has seen, and whose memory is their own."""
+    arr.flags.writeable = False
+    key = id(arr)
+
+    def forget(_ref: weakref.ref[np.ndarray]) -> None:
+        _OWNED.pop(key, None)
+
+    _OWNED[key] = weakref.ref(arr, forget)
+    return arr
+
+
 def _private(arr: np.ndarray) -> bool:
     """Whether nothing can write ``arr``'s memory: it and every array it views are
-    read-only, down to memory that is immutable (``bytes``) or owned."""
+    read-only, down to memory that is immutable (``bytes``) or that this package
+    owns (a file's tensors as read, the output cache's buffers: NumPy lets no view of
+    a read-only owner become writable again). Read-only memory a caller owns is not
+    private: its owner may set ``writeable`` again and change it."""
     a: Any = arr
+    last = arr
     while isinstance(a, np.ndarray):
         if a.flags.writeable:
             return False
-        a = a.base
-    return a is None or isinstance(a, bytes)
+        last, a = a, a.base
+    if a is None:
+        ref = _OWNED.get(id(last))
+        return (ref is not None and ref() is last) or _native.output_cache_holds(last)
+    return isinstance(a, bytes)
 
 
 def held(arr: np.ndarray) -> np.ndarray:
     """The array a frozen value holds for ``arr``: ``arr`` itself if the kernels can
     read it in place and nothing can change it, else one read-only private copy in
-    a layout the kernels read. Validate the result, not ``arr``: a copy made first
-    cannot change between the check and its use. The caller's array keeps its flags.
+    a layout the kernels read; a plain ndarray either way (``np.matrix`` and other
+    subclasses change how reshaping and comparison work). Validate the result, not
+    ``arr``: a copy made first cannot change between the check and its use. The
+    caller's array keeps its flags.
     """
     out = kernel_layout(arr)
     if out is arr:
         if _private(arr):
-            return arr
-        out = arr.copy()
+            return arr if type(arr) is np.ndarray else arr.view(np.ndarray)
+        out = np.array(arr, order="C", subok=False)
     out.flags.writeable = False
     return out
 

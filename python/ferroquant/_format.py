@@ -49,7 +49,7 @@ import numpy as np
 from safetensors import TensorSpec, serialize, serialize_file
 
 from . import _ferroquant as _native
-from ._checks import MAX_NDIM
+from ._checks import MAX_NDIM, owned
 from .errors import FormatError, QuantizationError
 
 #: Version of the metadata layout written by this release.
@@ -122,7 +122,11 @@ def schemes() -> List[str]:
 def storable(arr: np.ndarray, name: str) -> np.ndarray:
     """Contiguous, little-endian array safetensors can write (it mis-writes strided ones)."""
     dt = arr.dtype
-    if dt.newbyteorder("=").name not in _WRITABLE:
+    try:
+        native = dt.newbyteorder("=").name
+    except (TypeError, ValueError):  # NumPy 2's new-style dtypes (StringDType) have no byte order
+        native = ""
+    if native not in _WRITABLE:
         raise TypeError(f"tensors[{name!r}] has dtype {dt}, which safetensors cannot store")
     if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
         arr = arr.astype(dt.newbyteorder("<"))
@@ -225,6 +229,14 @@ def dump_bytes(tensors: Mapping[str, Any], metadata: Optional[Mapping[str, str]]
         return bytes(serialize(specs(flat), metadata=meta or None))
     except Exception as e:
         raise _writer_error(e, None) from None
+    except BaseException as e:
+        # The writer panics (pyo3's PanicException, a BaseException) when the
+        # bytes object it returns cannot be allocated ("PyObject pointer is null").
+        if type(e).__name__ == "PanicException":
+            raise MemoryError(
+                f"out of memory: safetensors could not allocate the serialized bytes ({e})"
+            ) from None
+        raise
 
 
 def _writer_error(e: BaseException, dest: Optional[str]) -> BaseException:
@@ -539,13 +551,21 @@ def decode(
             yield name, get(name)
         else:
             cls, entry = how
-            parts = {role: get(arr_name) for role, arr_name in entry["arrays"].items()}
+            # Arrays read for a value are the reader's own: the value holds them as
+            # they are (`held` copies read-only memory a caller could make writable).
+            parts = {role: _reader_owned(get(a)) for role, a in entry["arrays"].items()}
             params = {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
             try:
                 value = cls._from_record(parts, params)
             except FormatError as e:
                 raise FormatError(f"entry {name!r}: {e}") from None
             yield name, value
+
+
+def _reader_owned(arr: np.ndarray) -> np.ndarray:
+    """``arr`` marked as the reader's own when it owns its memory (bytes it
+    allocated and filled); a view of immutable ``bytes`` is private already."""
+    return owned(arr) if arr.base is None else arr
 
 
 def parse_bytes(data: Any) -> Dict[str, Any]:
@@ -562,6 +582,28 @@ def parse_bytes(data: Any) -> Dict[str, Any]:
 R = TypeVar("R", bound="FileReader")
 
 
+def open_regular(path: str) -> BinaryIO:
+    """``path`` opened for binary reads, if it is a regular file.
+
+    Opened without blocking and checked before any read: opening a FIFO that has no
+    writer would otherwise wait forever. The usual ``OSError`` for a missing path,
+    ``IsADirectoryError`` for a directory, ``OSError(EINVAL)`` for anything else
+    that is not a regular file (a pipe, a device).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file (pipes cannot be read)", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class FileReader:
     """A safetensors file opened for lazy reads: the header parsed once, each tensor
     read into a fresh array when asked for.
@@ -573,12 +615,9 @@ class FileReader:
 
     def __init__(self, path: PathLike) -> None:
         self.path = os.fspath(path)
-        self._f: BinaryIO = open(self.path, "rb")  # the usual OSError for missing paths
+        self._f: BinaryIO = open_regular(self.path)
         try:
-            st = os.fstat(self._f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file (pipes cannot be read)", self.path)
-            self._size = st.st_size
+            self._size = os.fstat(self._f.fileno()).st_size
 
             def read(off: int, n: int) -> bytes:
                 self._f.seek(off)

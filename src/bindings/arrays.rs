@@ -3,8 +3,8 @@
 use super::errors::dtype_error;
 use half::{bf16, f16};
 use numpy::{
-    dtype, Element, PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods,
-    PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+    dtype, BorrowError, Element, PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayDyn,
+    PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -32,6 +32,21 @@ fn untyped<'a, 'py>(
     })
 }
 
+/// The error for an argument rust-numpy would not lend: in use by a call on
+/// another thread (which holds it for writing, or reads it while this call
+/// would write), or read-only.
+pub(crate) fn borrow_error(arg: &str, e: BorrowError) -> PyErr {
+    PyValueError::new_err(match e {
+        BorrowError::AlreadyBorrowed => format!(
+            "{arg} is in use by another ferroquant call (on another thread) that \
+             writes it, or reads it while this call would write it: wait for that \
+             call, or pass a copy"
+        ),
+        BorrowError::NotWriteable => format!("{arg} must be writable (it is read-only)"),
+        other => format!("{arg} cannot be used: {other}"),
+    })
+}
+
 fn readonly<'py, T: Element>(
     arg: &str,
     x: &Bound<'py, PyAny>,
@@ -39,9 +54,7 @@ fn readonly<'py, T: Element>(
     let arr = x
         .cast::<PyArrayDyn<T>>()
         .map_err(|e| PyTypeError::new_err(format!("{arg}: {e}")))?;
-    let ro = arr
-        .try_readonly()
-        .map_err(|e| PyValueError::new_err(format!("{arg} cannot be read: {e}")))?;
+    let ro = arr.try_readonly().map_err(|e| borrow_error(arg, e))?;
     if !ro.is_c_contiguous() {
         return Err(PyValueError::new_err(format!("{arg} must be C-contiguous")));
     }

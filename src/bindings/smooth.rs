@@ -62,7 +62,7 @@ pub(crate) fn smooth_in_place(
     let ss = s.as_slice()?;
     let mut rw = arr
         .try_readwrite()
-        .map_err(|e| PyValueError::new_err(format!("{arg} must be writable: {e}")))?;
+        .map_err(|e| super::arrays::borrow_error(arg, e))?;
     let xs = rw.as_slice_mut()?;
     py.detach(|| {
         if multiply {
