@@ -1312,3 +1312,28 @@ def test_an_array_in_use_by_another_thread_is_named_in_the_error():
     # Whether the calls overlapped depends on timing; when they did, the message says why.
     for text in errors:
         assert text.startswith("x is in use by another ferroquant call"), text
+
+
+def test_calib_stats_stream_crowded_values_without_copying_them():
+    # A constant batch used to keep every value as a p99 candidate (1.5x its own
+    # size at the peak); values equal to the threshold are now counted instead.
+    r = run_python(
+        textwrap.dedent(
+            """
+            import resource, numpy as np, ferroquant as fq
+            x = np.full(1 << 24, -2.5, np.float32)  # 64 MiB
+            y = np.float32(1.0) + np.arange(1 << 24, dtype=np.float32) % 1000 * 2e-6
+            fq.CalibStats.collect([x[:4096]])  # the pool and the module, warm
+            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            a = fq.CalibStats.collect([x])
+            b = fq.CalibStats.collect(iter([x[: 1 << 23], x[1 << 23 :]]))
+            c = fq.CalibStats.collect([y])
+            peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024
+            print(peak, a.p99, b.p99, c.p99 == np.sort(y)[int(np.ceil(0.99 * y.size)) - 1])
+            """
+        )
+    )
+    assert r.returncode == 0, r.stderr
+    peak, a, b, exact = r.stdout.split()
+    assert (a, b, exact) == ("2.5", "2.5", "True")
+    assert int(peak) < 24, f"{peak} MiB over 64 MiB batches"

@@ -10,7 +10,7 @@
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};
-use crate::ops::dynamic::{abs_histogram, add_abs_histogram, BIN_SHIFT};
+use crate::ops::dynamic::{abs_histogram, add_abs_histogram, low_histogram, BIN_SHIFT};
 use crate::parallel;
 use crate::simd::{self, Isa};
 use crate::stage::STAGE;
@@ -29,7 +29,8 @@ pub struct BatchStats {
     pub mean: f64,
     /// The sum of squared deviations from the batch mean.
     pub m2: f64,
-    /// Bit patterns of every `|x|` whose bits are at least the threshold.
+    /// Bit patterns of the largest `|x|`, at most `keep` of them: those above
+    /// the threshold, then as many equal to it as there is room for.
     pub candidates: Vec<u32>,
     /// The largest `|x|` bit pattern below the threshold (0 if none).
     pub below_max: u32,
@@ -44,13 +45,24 @@ struct Part {
     max: f32,
     s1: f64,
     s2: f64,
+    /// `|x|` above the threshold (every `|x|` without one).
     candidates: Vec<u32>,
+    /// How many `|x|` equal the threshold: counted, not stored.
+    ties: u64,
+    /// The largest `|x|` below the threshold (0 if none).
     below_max: u32,
 }
 
 /// Statistics of one chunk (read as f32), shifted by `k`; `Err(i)` is the
-/// chunk index of the first non-finite value.
-fn part<T: Float>(isa: Isa, x: &[T], k: f64, threshold: u32) -> std::result::Result<Part, usize> {
+/// chunk index of the first non-finite value. With a threshold, the `|x|`
+/// above it are candidates and those equal to it are only counted (a batch of
+/// one repeated value must not be copied whole); without one, every `|x|` is.
+fn part<T: Float>(
+    isa: Isa,
+    x: &[T],
+    k: f64,
+    threshold: Option<u32>,
+) -> std::result::Result<Part, usize> {
     let mut stage = Vec::new();
     let xf: &[f32] = match T::as_f32_slice(x) {
         Some(xf) => xf,
@@ -66,36 +78,87 @@ fn part<T: Float>(isa: Isa, x: &[T], k: f64, threshold: u32) -> std::result::Res
     }
     let (s1, s2) = simd::shifted_moments(isa, xf, k);
     let mut candidates = Vec::new();
-    let below_max = simd::select_at_least(isa, xf, threshold, &mut candidates);
+    let (mut ties, mut below_max) = (0, 0);
+    match threshold {
+        None => {
+            simd::select_at_least(isa, xf, 0, &mut candidates);
+        }
+        Some(t) => {
+            // Above t (t + 1 stays a finite pattern: t is at most f32::MAX's).
+            below_max = simd::select_at_least(isa, xf, t + 1, &mut candidates);
+            if below_max == t {
+                // Values equal to t are here: count them, and find the largest below.
+                (ties, below_max) = ties_and_below(xf, t);
+            }
+        }
+    }
     Ok(Part {
         min: r.min,
         max: r.max,
         s1,
         s2,
         candidates,
+        ties,
         below_max,
     })
 }
 
-/// The lowest bit pattern of the 16-bit histogram bin (of |x|) that holds the
-/// `keep`-th largest value, or `None` on a non-finite value (the main pass
-/// reports it) or when that bin is the lowest.
-fn histogram_threshold<T: Float>(isa: Isa, x: &[T], keep: usize) -> Option<u32> {
-    let hist = abs_histogram(isa, x, &mut Vec::new()).ok()?;
-    let mut above = 0u64;
-    for (bin, &c) in hist.iter().enumerate().rev() {
-        above += c;
-        if above >= keep as u64 {
-            return (bin > 0).then_some((bin as u32) << BIN_SHIFT);
+/// How many `|x|` of `xs` have the bit pattern `t`, and the largest pattern
+/// below `t` (0 if none).
+fn ties_and_below(xs: &[f32], t: u32) -> (u64, u32) {
+    let (mut ties, mut below) = (0u64, 0u32);
+    for v in xs {
+        let b = v.to_bits() & 0x7fff_ffff;
+        if b == t {
+            ties += 1;
+        } else if b < t {
+            below = below.max(b);
         }
     }
-    None
+    (ties, below)
+}
+
+/// A threshold at or below the `keep`-th largest `|x|` that leaves few values
+/// above it: the lowest bit pattern of the 16-bit histogram bin that holds the
+/// `keep`-th largest, when that bin and those above hold at most about twice
+/// `keep`; else (values crowd into that bin: ties, a narrow band) the
+/// `keep`-th largest itself, from a histogram of the bin's low bits. `None`
+/// on a non-finite value (the main pass reports it).
+fn histogram_threshold<T: Float>(isa: Isa, x: &[T], keep: usize) -> Option<u32> {
+    const ROOM: u64 = 1 << 16;
+    let mut stage = Vec::new();
+    let hist = abs_histogram(isa, x, &mut stage).ok()?;
+    let keep = keep as u64;
+    let mut above = 0u64;
+    for (bin, &c) in hist.iter().enumerate().rev() {
+        if above + c >= keep {
+            if above + c <= 2 * keep + ROOM {
+                return Some((bin as u32) << BIN_SHIFT);
+            }
+            // The (keep - above)-th largest of the bin, counting from its top.
+            let low = low_histogram(isa, x, bin, &mut stage);
+            let mut need = keep - above;
+            for (sub, &n) in low.iter().enumerate().rev() {
+                if n >= need {
+                    return Some(((bin as u32) << BIN_SHIFT) | sub as u32);
+                }
+                need -= n;
+            }
+            // Only if `x` changed between the passes: the bin's lowest pattern.
+            return Some((bin as u32) << BIN_SHIFT);
+        }
+        above += c;
+    }
+    Some(0)
 }
 
 /// The statistics of one batch `x` (read as f32); `threshold` is the smallest
-/// `|x|` bit pattern still worth returning as a p99 candidate (0: all), and at
-/// most the `keep` largest candidates are returned (the largest one left out
-/// counts in `below_max`).
+/// `|x|` bit pattern still worth returning as a p99 candidate (0: none yet,
+/// one is found from a histogram of `x` when it holds more than `keep`
+/// values), and at most the `keep` largest candidates are returned (the
+/// largest one left out counts in `below_max`). Values equal to the threshold
+/// are counted, not copied: memory stays near `keep`, however many values
+/// tie or crowd together.
 ///
 /// Errors: `NonFinite` naming `x` and the first NaN or infinity (a value that
 /// becomes infinite in f32 included).
@@ -116,14 +179,14 @@ pub fn batch_stats<T: Float>(x: &[T], threshold: u32, keep: usize) -> Result<Bat
     }
     let k = x[0].to_f32() as f64;
     let k = if k.is_finite() { k } else { 0.0 };
-    // With no threshold yet and fewer to keep than values, start from the bin
-    // of a 16-bit histogram of |x| that holds the keep-th largest: only values
-    // from that bin up are candidates; the rest are smaller than the keep-th
-    // largest and their maximum is reported as let go.
-    let threshold = if threshold == 0 && keep < n {
-        histogram_threshold(isa, x, keep).unwrap_or(0)
-    } else {
-        threshold
+    // With no threshold yet and fewer to keep than values, start from a
+    // histogram of |x| (see `histogram_threshold`): the values below its
+    // threshold are smaller than the keep-th largest, and their maximum is
+    // reported as let go.
+    let threshold = match threshold {
+        0 if keep < n => histogram_threshold(isa, x, keep),
+        0 => None,
+        t => Some(t),
     };
     let parts: std::result::Result<Vec<Part>, usize> = parallel::run(n, |par| {
         if !par {
@@ -144,13 +207,24 @@ pub fn batch_stats<T: Float>(x: &[T], threshold: u32, keep: usize) -> Result<Bat
     let (mut min, mut max, mut s1, mut s2) = (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0f64);
     let mut candidates = Vec::with_capacity(parts.iter().map(|p| p.candidates.len()).sum());
     let mut below_max = 0u32;
+    let mut ties = 0u64;
     for p in parts {
         below_max = below_max.max(p.below_max);
+        ties += p.ties;
         min = min.min(p.min);
         max = max.max(p.max);
         s1 += p.s1;
         s2 += p.s2;
         candidates.extend_from_slice(&p.candidates);
+    }
+    // Values equal to the threshold rank below every candidate: as many of
+    // them as `keep` leaves room for join the candidates; the rest are let go.
+    if let Some(t) = threshold.filter(|_| ties > 0) {
+        let room = keep.saturating_sub(candidates.len()) as u64;
+        candidates.extend(std::iter::repeat_n(t, ties.min(room) as usize));
+        if ties > room {
+            below_max = below_max.max(t);
+        }
     }
     if candidates.len() > keep {
         // Only the `keep` largest can matter: select them here, in O(n).
@@ -573,6 +647,49 @@ mod accumulator_tests {
         assert_eq!(exact_p99(&all), 0.0);
         assert!(!out.exact);
         assert!(out.stats.p99 >= 1.0 && a.contains(&out.stats.p99));
+        Ok(())
+    }
+
+    #[test]
+    fn crowded_batches_keep_few_candidates_and_exact_statistics() -> Result<()> {
+        // One value throughout, one narrow band (a single 16-bit bin), and a
+        // band with a few larger outliers: the candidates stay near `keep`,
+        // whatever the threshold, and the p99 is exact.
+        let n = 1 << 20;
+        let mut r = 0x9e37_79b9_7f4a_7c15u64;
+        let mut unit = move || {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            (r >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let constant = vec![-2.5f32; n];
+        let band: Vec<f32> = (0..n).map(|_| 1.0 + unit() * 0.0077).collect();
+        let mut outliers = band.clone();
+        for i in (0..n).step_by(4099) {
+            outliers[i] = 50.0 + i as f32;
+        }
+        for x in [&constant, &band, &outliers] {
+            let keep = needed(n as u64);
+            for threshold in [0, 1.0f32.to_bits(), x[7].abs().to_bits()] {
+                let b = batch_stats(x, threshold, keep)?;
+                assert!(
+                    b.candidates.len() <= keep,
+                    "{} > {keep}",
+                    b.candidates.len()
+                );
+            }
+            assert_eq!(CalibStats::collect(&[&x[..]])?.p99, exact_p99(x));
+            let halves: Vec<&[f32]> = vec![&x[..n / 2], &x[n / 2..]];
+            assert_eq!(CalibStats::collect(&halves)?.p99, exact_p99(x));
+            let mut acc = CalibAccumulator::new(None);
+            for h in &halves {
+                acc.push(h)?;
+            }
+            let out = acc.finish();
+            assert!(out.exact);
+            assert_eq!(out.stats.p99, exact_p99(x));
+        }
         Ok(())
     }
 

@@ -363,6 +363,29 @@ fn percentile_by_histogram<T: Float>(
         }
         below += c;
     }
+    let low = low_histogram(isa, x, bin, stage);
+    let mut r = (rank as u64).saturating_sub(below);
+    let mut sub = 0usize;
+    for (s, &c) in low.iter().enumerate() {
+        if c > r {
+            sub = s;
+            break;
+        }
+        r -= c;
+    }
+    Ok(f32::from_bits(((bin as u32) << BIN_SHIFT) | sub as u32))
+}
+
+/// Counts of the |x| in bin `bin` of [`abs_histogram`], by their low
+/// [`BIN_SHIFT`] bits: with the bin, each count is of one exact value. Reads
+/// `x` once more; its non-finite values (already reported by the first pass,
+/// or written since by another thread) only land in the top bins.
+pub(crate) fn low_histogram<T: Float>(
+    isa: Isa,
+    x: &[T],
+    bin: usize,
+    stage: &mut Vec<f32>,
+) -> Vec<u64> {
     const LOW_MASK: u32 = (1 << BIN_SHIFT) - 1;
     let mut low = vec![0u64; 1 << BIN_SHIFT];
     let _ = for_each_stage(isa, x, stage, |_, xs| {
@@ -374,16 +397,7 @@ fn percentile_by_histogram<T: Float>(
         }
         Ok(())
     });
-    let mut r = (rank as u64).saturating_sub(below);
-    let mut sub = 0usize;
-    for (s, &c) in low.iter().enumerate() {
-        if c > r {
-            sub = s;
-            break;
-        }
-        r -= c;
-    }
-    Ok(f32::from_bits(((bin as u32) << BIN_SHIFT) | sub as u32))
+    low
 }
 
 /// Seed 002's `compute_scale`: 0.0 for empty input or a zero statistic, else
