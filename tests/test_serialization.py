@@ -469,3 +469,68 @@ def test_errors_of_odd_paths_are_open_s(tmp_path, monkeypatch, path, exc):
     with pytest.raises(exc):
         fq.save(path, {"a": np.ones(2, np.float32)})
     assert (tmp_path / "keep.safetensors").read_bytes() == b"orig"
+
+
+SETTINGS = [
+    fq.QuantConfig.int8(),
+    fq.QuantConfig.int4_per_channel().asymmetric(),
+    fq.MaxAbs(),
+    fq.Percentile(0.999),
+    fq.SmoothQuantConfig(0.25, 3e-7),
+    fq.BitNetConfig(3, per_token_activation=False),
+    fq.quantization_stats(
+        {"w": np.ones((8, 4), np.float32), "b": np.ones(4)}, fq.QuantConfig.int4()
+    ),
+]
+
+
+@pytest.mark.parametrize("value", SETTINGS, ids=lambda v: type(v).__name__)
+def test_settings_and_stats_dataclasses_serialize_too(value, tmp_path):
+    # SPEC §6: every dataclass has to_bytes / from_bytes; they stay hashable.
+    cls = type(value)
+    back = cls.from_bytes(value.to_bytes())
+    assert back == value and hash(back) == hash(value) and value.nbytes == 0
+    fq.save(tmp_path / "s.safetensors", {"s": value, "w": np.ones(2, np.float32)})
+    assert fq.load(tmp_path / "s.safetensors")["s"] == value
+    with pytest.raises(fq.FormatError, match="not a"):
+        (fq.MaxAbs if cls is not fq.MaxAbs else fq.QuantConfig).from_bytes(value.to_bytes())
+
+
+@pytest.mark.parametrize(
+    ("scheme", "params"),
+    [
+        ("quant-config", {"bits": 5, "mode": "symmetric", "granularity": "per_tensor"}),
+        ("quant-config", {"bits": 8, "mode": "symmetric"}),
+        ("percentile", {"p": 0.0}),
+        ("percentile", {"p": "0.5"}),
+        ("max-abs", {"p": 0.5}),
+        ("smooth-quant-config", {"alpha": 2.0, "epsilon": 1e-5}),
+        ("bitnet-config", {"activation_bits": 9, "per_token_activation": True}),
+        ("bitnet-config", {"activation_bits": 8, "per_token_activation": 1}),
+        (
+            "quant-stats",
+            {
+                "num_quantized": 1,
+                "num_fp32": 0,
+                "fp32_bytes": 64,
+                "quantized_bytes": 16,
+                "compression_ratio": 5.0,  # not 64 / 16
+            },
+        ),
+        (
+            "quant-stats",
+            {
+                "num_quantized": -1,
+                "num_fp32": 0,
+                "fp32_bytes": 0,
+                "quantized_bytes": 0,
+                "compression_ratio": 1.0,
+            },
+        ),
+    ],
+)
+def test_hostile_settings_entries_are_format_errors(scheme, params):
+    entry = {"format_version": 1, "scheme": scheme, **params, "arrays": {}}
+    blob = craft({"__metadata__": {"ferroquant:value": json.dumps(entry)}})
+    with pytest.raises(fq.FormatError):
+        fq.load_bytes(blob)

@@ -21,6 +21,7 @@ from . import _format
 from .errors import FormatError, InvalidConfigError
 
 Q = TypeVar("Q", bound="Quantized")
+R = TypeVar("R", bound="Record")
 
 
 def arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -97,12 +98,16 @@ def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
     return cls._trusted(**fields)
 
 
-class Quantized:
-    """Base class of ferroquant's frozen result dataclasses (see the module docs)."""
+class Record:
+    """What the file format needs of a frozen dataclass: its scheme tag, which
+    fields are arrays and which JSON parameters, and ``to_bytes`` /
+    ``from_bytes``. :class:`Quantized` adds value equality and the rest; the
+    settings dataclasses (``QuantConfig``, ``MaxAbs``, ...) and ``QuantStats``
+    use this alone and keep their dataclass equality and hashing."""
 
     scheme: ClassVar[str]
-    _arrays: ClassVar[Tuple[str, ...]]
-    _params: ClassVar[Tuple[str, ...]]
+    _arrays: ClassVar[Tuple[str, ...]] = ()
+    _params: ClassVar[Tuple[str, ...]] = ()
     #: Array fields that may be ``None`` (left out of the record when they are).
     _optional: ClassVar[Tuple[str, ...]] = ()
     #: Parameters added to the record after files were first written: always
@@ -120,15 +125,6 @@ class Quantized:
         elif "scheme" in cls.__dict__:
             _format.register_scheme(cls.scheme, cls)
 
-    @classmethod
-    def _trusted(cls: Type[Q], **fields: Any) -> Q:
-        """Build from arrays a kernel just made (read-only, consistent): no re-validation."""
-        obj = object.__new__(cls)
-        # A frozen dataclass without slots keeps its fields in __dict__; writing
-        # it directly skips __setattr__ (and dataclasses.fields) on every call.
-        obj.__dict__.update(fields)
-        return obj
-
     @property
     def label(self) -> str:
         """The registry name of the scheme that made this value (the scheme tag by default)."""
@@ -139,6 +135,54 @@ class Quantized:
         """Bytes actually held by the arrays."""
         arrays = (getattr(self, a) for a in self._arrays)
         return int(sum(a.nbytes for a in arrays if a is not None))
+
+    def _record(self) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        """Arrays and JSON-able parameters that describe this value completely."""
+        return (
+            {a: getattr(self, a) for a in self._arrays if getattr(self, a) is not None},
+            {p: _jsonable(getattr(self, p)) for p in self._params},
+        )
+
+    @classmethod
+    def _from_record(
+        cls: Type[R], arrays: Mapping[str, np.ndarray], params: Mapping[str, Any]
+    ) -> R:
+        """Rebuild from a record read from untrusted bytes: the constructor
+        validates everything; whatever it refuses is a FormatError."""
+        try:
+            return cls(**arrays, **params)
+        except MemoryError:
+            raise
+        except Exception as e:  # untrusted input: whatever the class refuses is a FormatError
+            raise _format.as_format_error(cls.scheme, e) from None
+
+    def to_bytes(self) -> bytes:
+        """Serialize to safetensors bytes (see :func:`ferroquant.save`)."""
+        return _format.dump_bytes({_format.SINGLE: self}, None)
+
+    @classmethod
+    def from_bytes(cls: Type[R], data: bytes) -> R:
+        """Inverse of :meth:`to_bytes`; raises FormatError on bad bytes."""
+        out = _format.parse_bytes(data)
+        if list(out) != [_format.SINGLE]:
+            raise FormatError(f"bytes hold tensors {sorted(out)[:5]}, not one serialized value")
+        value = out[_format.SINGLE]
+        if not isinstance(value, cls):
+            raise FormatError(f"bytes hold a {type(value).__name__}, not a {cls.__name__}")
+        return value
+
+
+class Quantized(Record):
+    """Base class of ferroquant's frozen result dataclasses (see the module docs)."""
+
+    @classmethod
+    def _trusted(cls: Type[Q], **fields: Any) -> Q:
+        """Build from arrays a kernel just made (read-only, consistent): no re-validation."""
+        obj = object.__new__(cls)
+        # A frozen dataclass without slots keeps its fields in __dict__; writing
+        # it directly skips __setattr__ (and dataclasses.fields) on every call.
+        obj.__dict__.update(fields)
+        return obj
 
     def compression_ratio(self) -> float:  # pragma: no cover - every family overrides it
         raise NotImplementedError
@@ -182,40 +226,3 @@ class Quantized:
         # _rebuild makes them read-only again, as the original's were.
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
         return (_rebuild, (type(self), fields))
-
-    # -- the file format ------------------------------------------------------------
-
-    def _record(self) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
-        """Arrays and JSON-able parameters that describe this value completely."""
-        return (
-            {a: getattr(self, a) for a in self._arrays if getattr(self, a) is not None},
-            {p: _jsonable(getattr(self, p)) for p in self._params},
-        )
-
-    @classmethod
-    def _from_record(
-        cls: Type[Q], arrays: Mapping[str, np.ndarray], params: Mapping[str, Any]
-    ) -> Q:
-        """Rebuild from a record read from untrusted bytes: the constructor
-        validates everything; whatever it refuses is a FormatError."""
-        try:
-            return cls(**arrays, **params)
-        except MemoryError:
-            raise
-        except Exception as e:  # untrusted input: whatever the class refuses is a FormatError
-            raise _format.as_format_error(cls.scheme, e) from None
-
-    def to_bytes(self) -> bytes:
-        """Serialize to safetensors bytes (see :func:`ferroquant.save`)."""
-        return _format.dump_bytes({_format.SINGLE: self}, None)
-
-    @classmethod
-    def from_bytes(cls: Type[Q], data: bytes) -> Q:
-        """Inverse of :meth:`to_bytes`; raises FormatError on bad bytes."""
-        out = _format.parse_bytes(data)
-        if list(out) != [_format.SINGLE]:
-            raise FormatError(f"bytes hold tensors {sorted(out)[:5]}, not one serialized value")
-        value = out[_format.SINGLE]
-        if not isinstance(value, cls):
-            raise FormatError(f"bytes hold a {type(value).__name__}, not a {cls.__name__}")
-        return value

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Dict, Iterable, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, check_codes, unpack_int4
+from ._base import Quantized, Record, check_codes, unpack_int4
 from ._checks import (
     describe,
     float_input,
@@ -28,6 +28,7 @@ from ._checks import (
     readonly,
     renamed,
     shape_tuple,
+    short_repr,
     source_dtype,
     to_float32,
 )
@@ -62,7 +63,7 @@ _RANGE = {
 
 
 @dataclass(frozen=True)
-class QuantConfig:
+class QuantConfig(Record):
     """Seed 001's ``QuantConfig``: code width, mode and granularity.
 
     Args:
@@ -77,6 +78,9 @@ class QuantConfig:
     bits: int = 8
     mode: str = "symmetric"
     granularity: str = "per_tensor"
+
+    scheme: ClassVar[str] = "quant-config"
+    _params: ClassVar[Tuple[str, ...]] = ("bits", "mode", "granularity")
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, (int, np.integer)):
@@ -514,14 +518,46 @@ def quantize_named_parameters(
 
 
 @dataclass(frozen=True)
-class QuantStats:
-    """Seed 001's ``QuantStats``: what quantizing a model's parameters would save."""
+class QuantStats(Record):
+    """Seed 001's ``QuantStats``: what quantizing a model's parameters would save.
+
+    ``compression_ratio`` is ``fp32_bytes / quantized_bytes`` in float64 (1.0 when
+    nothing is held), as the seed computes it.
+    """
 
     num_quantized: int
     num_fp32: int
     fp32_bytes: int
     quantized_bytes: int
     compression_ratio: float
+
+    scheme: ClassVar[str] = "quant-stats"
+    _params: ClassVar[Tuple[str, ...]] = (
+        "num_quantized",
+        "num_fp32",
+        "fp32_bytes",
+        "quantized_bytes",
+        "compression_ratio",
+    )
+
+    def __post_init__(self) -> None:
+        for name in self._params[:4]:
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{name} must be an integer, got {short_repr(v)}")
+            if not 0 <= v < 2**64:
+                raise InvalidConfigError(f"{name} must be in 0..2**64 - 1, got {v}")
+            object.__setattr__(self, name, int(v))
+        r = self.compression_ratio
+        if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, float, np.number)):
+            raise TypeError(f"compression_ratio must be a number, got {short_repr(r)}")
+        q = self.quantized_bytes
+        want = float(self.fp32_bytes) / float(q) if q > 0 else 1.0
+        if float(r) != want:
+            raise InvalidConfigError(
+                f"compression_ratio must be fp32_bytes / quantized_bytes = {want}, got {r}"
+            )
+        object.__setattr__(self, "compression_ratio", want)
 
 
 def quantization_stats(

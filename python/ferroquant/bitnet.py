@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, f32_ratio
+from ._base import Quantized, Record, f32_ratio
 from ._checks import (
     describe,
     float_input,
@@ -37,7 +37,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class BitNetConfig:
+class BitNetConfig(Record):
     """Seed 003's activation settings.
 
     Args:
@@ -51,6 +51,9 @@ class BitNetConfig:
 
     activation_bits: int = 8
     per_token_activation: bool = True
+
+    scheme: ClassVar[str] = "bitnet-config"
+    _params: ClassVar[Tuple[str, ...]] = ("activation_bits", "per_token_activation")
 
     def __post_init__(self) -> None:
         b = self.activation_bits

@@ -1027,7 +1027,7 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
             if not isinstance(value, np.ndarray) and not hasattr(value, "dequantize"):
                 print(
                     f"ferroquant: warning: {_shown(name)}: a {type(value).__name__} holds "
-                    "statistics, not a tensor: left out",
+                    "settings or statistics, not a tensor: left out",
                     file=sys.stderr,
                 )
                 continue

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Tuple, Union
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, check_codes, f32_ratio, unpack_int4
+from ._base import Quantized, Record, check_codes, f32_ratio, unpack_int4
 from ._checks import (
     describe,
     exact_float,
@@ -55,12 +55,14 @@ FORMATS = ("int8_per_tensor", "int8_per_row", "int4_per_tensor")
 
 
 @dataclass(frozen=True)
-class MaxAbs:
+class MaxAbs(Record):
     """Scale from the largest ``|x|`` (seed 002's ``DynamicScaleMode::MaxAbs``)."""
+
+    scheme: ClassVar[str] = "max-abs"
 
 
 @dataclass(frozen=True)
-class Percentile:
+class Percentile(Record):
     """Scale from the ``p``-th percentile of ``|x|``, ``p`` in (0, 1] (0.99: the
     99th), more robust to outliers than :class:`MaxAbs`.
 
@@ -69,6 +71,9 @@ class Percentile:
     """
 
     p: float
+
+    scheme: ClassVar[str] = "percentile"
+    _params: ClassVar[Tuple[str, ...]] = ("p",)
 
     def __post_init__(self) -> None:
         p = self.p
@@ -311,7 +316,7 @@ def quantization_mae(original: Any, q: DynQuantTensor) -> float:
 
 
 @dataclass(frozen=True)
-class SmoothQuantConfig:
+class SmoothQuantConfig(Record):
     """Seed 002's SmoothQuant settings.
 
     Args:
@@ -326,6 +331,9 @@ class SmoothQuantConfig:
 
     alpha: float = 0.5
     epsilon: float = 1e-5
+
+    scheme: ClassVar[str] = "smooth-quant-config"
+    _params: ClassVar[Tuple[str, ...]] = ("alpha", "epsilon")
 
     def __post_init__(self) -> None:
         given = {}
