@@ -8,6 +8,7 @@ the Rust tests, where the flags can be set, and at the Python boundary below.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -1139,6 +1140,18 @@ def test_fork_while_a_thread_holds_the_pool_lock_does_not_hang_the_child():
 
 
 def test_read_only_memory_the_caller_owns_is_copied_not_held():
+    class Lying(np.ndarray):  # claims immutable memory as its base
+        @property
+        def base(self):
+            return b"immutable"
+
+    src = np.zeros(8, np.int8)
+    liar = src.view(Lying)
+    liar.flags.writeable = False
+    q0 = fq.BlockwiseQuantized(liar, np.ones(2, np.float32), (8,), 4)
+    src[:] = 100
+    assert q0.data.tolist() == [0] * 8
+
     # The owner of a read-only array may set it writable again: a frozen value
     # must not change when it does.
     bias = np.array([1, 2, 3], np.float32)
@@ -1163,8 +1176,11 @@ def test_memory_only_ferroquant_can_write_is_held_without_a_copy(tmp_path):
     assert np.shares_memory(fq.QuantizedTensor(**vars(q)).data, q.data)
     path = tmp_path / "q.safetensors"
     fq.save(path, {"q": q})
-    loaded = fq.load(path)["q"]  # the reader's own arrays, read once
-    assert loaded == q and loaded.data.base is None and not loaded.data.flags.writeable
+    loaded = fq.load(path)["q"]  # views of the reader's own arrays, read once
+    assert loaded == q and not loaded.data.flags.writeable
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        loaded.data.flags.writeable = True  # a view of a read-only owner
+    assert np.shares_memory(dataclasses.replace(loaded).data, loaded.data)
     blob = fq.load_bytes(fq.save_bytes({"q": q}))["q"]  # views of immutable bytes
     assert isinstance(blob.data.base, (bytes, np.ndarray))
     again = fq.QuantizedTensor(**vars(blob))
@@ -1241,8 +1257,37 @@ def test_dequantize_refuses_a_tensor_that_restores_nan(tmp_path):
     src, out = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
     fq.save(src, {"w": wide})
     r = cli("dequantize", str(src), "-o", str(out))
-    assert r.returncode == 1 and "dequantizes to NaN" in r.stderr and not out.exists()
+    assert r.returncode == 1 and "infinite scale" in r.stderr and not out.exists()
     assert len(r.stderr.strip().splitlines()) == 1
+    # Codes away from the zero point restore as ±inf (no NaN): refused all the same.
+    q = fq.quantize(np.array([[1.0, -2.0, 5.0, 7.0]]), fq.QuantConfig.int8())
+    fq.save(
+        src,
+        {
+            "w": fq.QuantizedTensor(
+                q.data, np.array([np.inf]), q.zero_points, q.shape, "float64", q.config
+            )
+        },
+    )
+    r = cli("dequantize", str(src), "-o", str(out))
+    assert r.returncode == 1 and "infinite scale" in r.stderr and not out.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_json_models_and_configs_are_not_read_from_endless_or_waiting_sources(tmp_path, model):
+    pipe = tmp_path / "m.json"
+    os.mkfifo(pipe)
+    with pytest.raises(OSError, match="not a regular file"):
+        fq.QuantizedModel.load(pipe)
+    r = cli("inspect", str(pipe))
+    assert r.returncode == 1 and "not a regular file" in r.stderr
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(OSError, match="not a regular file"):
+        fq.QuantizedModel.load(zero)
+    out = tmp_path / "o.json"
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "ptq-int8", "--config", str(zero))
+    assert r.returncode == 1 and "larger than" in r.stderr and not out.exists()
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")

@@ -316,6 +316,9 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+_BASE = np.ndarray.base.__get__
+_FLAGS = np.ndarray.flags.__get__
+
 #: Arrays this package allocated, filled and made read-only without handing them
 #: out writable (a file's tensors as they are read), by id, with a weak reference
 #: that drops the entry when the array goes.
@@ -342,12 +345,13 @@ def _private(arr: np.ndarray) -> bool:
     owns (a file's tensors as read, the output cache's buffers: NumPy lets no view of
     a read-only owner become writable again). Read-only memory a caller owns is not
     private: its owner may set ``writeable`` again and change it."""
+    # NumPy's own descriptors: a subclass may override `base` or `flags`.
     a: Any = arr
     last = arr
     while isinstance(a, np.ndarray):
-        if a.flags.writeable:
+        if _FLAGS(a).writeable:
             return False
-        last, a = a, a.base
+        last, a = a, _BASE(a)
     if a is None:
         ref = _OWNED.get(id(last))
         return (ref is not None and ref() is last) or _native.output_cache_holds(last)

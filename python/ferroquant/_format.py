@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import re
+import signal
 import stat
 import struct
 import tempfile
@@ -339,6 +340,19 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     return dest, real
 
 
+def block_signals() -> Any:
+    """Block every signal this thread may block; the previous mask (None where
+    signal masks do not exist)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+
+
+def unblock_signals(previous: Any) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def write_file(path: PathLike, write: Callable[[str], None]) -> None:
     """Run ``write(tmp)`` to make the file, then rename it over ``path``.
 
@@ -354,20 +368,27 @@ def write_file(path: PathLike, write: Callable[[str], None]) -> None:
         mode = 0o666 & ~_umask()
     except OSError as e:
         raise _os_error(e.errno or errno.EIO, dest) from None
+    tmp: Optional[str] = None
+    # Signals wait while the temporary file is made and named: one handled in
+    # between (a CLI's SIGTERM unwinds) would leave it behind unnamed.
+    masked = block_signals()
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=".ferroquant-", suffix=".tmp")
-    except OSError as e:
-        raise _os_error(e.errno or errno.EIO, dest) from None
-    os.close(fd)
-    try:
+        try:
+            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".ferroquant-", suffix=".tmp")
+        except OSError as e:
+            raise _os_error(e.errno or errno.EIO, dest) from None
+        finally:
+            unblock_signals(masked)
+        os.close(fd)
         write(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, real)
     except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         if isinstance(e, OSError):
             raise _os_error(e.errno or errno.EIO, dest) from None
         if type(e).__name__ == "SafetensorError":
@@ -563,9 +584,11 @@ def decode(
 
 
 def _reader_owned(arr: np.ndarray) -> np.ndarray:
-    """``arr`` marked as the reader's own when it owns its memory (bytes it
-    allocated and filled); a view of immutable ``bytes`` is private already."""
-    return owned(arr) if arr.base is None else arr
+    """A read-only view of ``arr`` marked as the reader's own when ``arr`` owns its
+    memory (bytes it allocated and filled): the view, not the owner, goes into the
+    value, so its holder cannot set it writable again (NumPy refuses for a view of
+    a read-only owner). A view of immutable ``bytes`` is private already."""
+    return owned(arr).view() if arr.base is None else arr
 
 
 def parse_bytes(data: Any) -> Dict[str, Any]:
@@ -598,10 +621,11 @@ def open_regular(path: str) -> BinaryIO:
         if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, "not a regular file (pipes cannot be read)", path)
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+    # Outside the try: once the file object owns the descriptor, it closes it.
+    return os.fdopen(fd, "rb")
 
 
 class FileReader:

@@ -32,7 +32,7 @@ import numpy as np
 
 from . import __version__
 from ._checks import FLOAT_DTYPES, is_float_dtype
-from ._format import ENTRY_PREFIX, open_regular, unique_keys
+from ._format import ENTRY_PREFIX, block_signals, open_regular, unblock_signals, unique_keys
 from .errors import QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
@@ -447,14 +447,21 @@ def _layer_name(tensor: str) -> str:
     return tensor[: -len(".weight")] if tensor.endswith(".weight") else tensor
 
 
+#: The largest --config file read (a quantizer's parameters: a few hundred bytes).
+_CONFIG_LIMIT = 1 << 20
+
+
 def _read_config(path: Optional[str]) -> str:
     if path is None:
         return "{}"
     try:
+        # A pipe is fine (`--config <(...)`); an endless source (/dev/zero) is cut off.
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(_CONFIG_LIMIT + 1)
     except OSError as e:
         raise OSError(e.errno, e.strerror, path) from None
+    if len(raw) > _CONFIG_LIMIT:
+        raise CliError(f"--config {_path_shown(path)} is larger than {_CONFIG_LIMIT} bytes")
     try:
         text = raw.decode("utf-8")
         json.loads(
@@ -1032,12 +1039,17 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
                 )
                 continue
             if not isinstance(value, np.ndarray):
-                restored = value.dequantize()
-                if _any_nan(restored):  # an infinite affine scale (float64 beyond reach)
+                scales = getattr(value, "scales", None)
+                if isinstance(scales, np.ndarray) and scales.size and np.isinf(scales).any():
+                    # Only an affine float64 range past 1.8e308 gives one: its values
+                    # come back as ±inf or NaN, which no clamp would make right.
                     raise CliError(
-                        f"{_shown(name)}: dequantizes to NaN (an infinite scale); nothing "
-                        "was written"
+                        f"{_shown(name)}: has an infinite scale (a float64 range beyond "
+                        "reach) and cannot be restored; nothing was written"
                     )
+                restored = value.dequantize()
+                if _any_nan(restored):
+                    raise CliError(f"{_shown(name)}: dequantizes to NaN; nothing was written")
                 # Back to the dtype the tensor was quantized from (float16 stays float16).
                 want = FLOAT_DTYPES.get(getattr(value, "dtype", ""), restored.dtype)
                 restored = _restore(restored, want)
@@ -1148,25 +1160,54 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = _one_line(str(message)) if str(message) else category.__name__
         print(f"ferroquant: warning: {_cli_words(text)}", file=sys.stderr)
 
+    # Every signal handled, also one that came once the work was done, or whose
+    # exception a finalizer swallowed (CPython ignores exceptions in __del__).
+    received: List[int] = []
+
     def terminated(signum: int, frame: Any) -> None:
-        raise _Terminated(signum)
+        received.append(signum)
+        if not done:
+            raise _Terminated(signum)
+
+    done = False
 
     # SIGTERM (timeout, a cancelled job), SIGHUP (a closed terminal) and the other
     # terminating signals unwind like Ctrl-C, so partial output files are removed
-    # instead of left behind.
-    installed = {}
-    for signum in _TERMINATING:
-        try:
-            if signal.getsignal(signum) is signal.SIG_DFL:
-                signal.signal(signum, terminated)
-                installed[signum] = signal.SIG_DFL
-        except (ValueError, OSError):  # not the main thread (main() called from a thread)
-            break
+    # instead of left behind. Installed and restored with the signals blocked, so
+    # none is handled half-way (one that arrives meanwhile waits, then is handled
+    # by whichever handler is in place).
+    installed: List[int] = []
+    masked = block_signals()
     try:
-        return _run(args, one_line)
+        try:
+            for signum in _TERMINATING:
+                try:
+                    if signal.getsignal(signum) is signal.SIG_DFL:
+                        signal.signal(signum, terminated)
+                        installed.append(signum)
+                except (ValueError, OSError):  # not the main thread (main() from a thread)
+                    break
+        finally:
+            unblock_signals(masked)  # one that came meanwhile is handled here
+        status = _run(args, one_line)
+        done = True
+    except _Terminated as e:  # landed outside _run's own try
+        done = True
+        status = _terminated(e)
+    masked = block_signals()
+    try:
+        for signum in installed:  # main() called in-process: as it was
+            signal.signal(signum, signal.SIG_DFL)
     finally:
-        for signum, previous in installed.items():  # main() called in-process: as it was
-            signal.signal(signum, previous)
+        unblock_signals(masked)
+    if received and status == 0:
+        status = _terminated(_Terminated(received[0]))
+    return status
+
+
+def _terminated(e: _Terminated) -> int:
+    print(f"ferroquant: terminated ({signal.Signals(e.signum).name})", file=sys.stderr)
+    return 128 + e.signum
 
 
 def _run(args: argparse.Namespace, one_line: Any) -> int:
@@ -1181,8 +1222,7 @@ def _run(args: argparse.Namespace, one_line: Any) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except _Terminated as e:
-        print(f"ferroquant: terminated ({signal.Signals(e.signum).name})", file=sys.stderr)
-        return 128 + e.signum
+        return _terminated(e)
     except MemoryError:
         print("ferroquant: error: out of memory", file=sys.stderr)
         return 1

@@ -485,11 +485,15 @@ class QuantizedModel(Quantized):
         """Read a model :meth:`save` wrote (or, for ``.json``, the Rust seed).
 
         Raises:
-            FileNotFoundError / PermissionError / IsADirectoryError: as ``open`` would.
+            FileNotFoundError / PermissionError / IsADirectoryError: as ``open`` would;
+                ``OSError`` (EINVAL) for a path that is not a regular file (a pipe).
             FormatError: the file is malformed or holds something else.
         """
         if _is_json_path(path):
-            with open(path, "rb") as f:
+            from ._format import open_regular
+
+            # A regular file only: a FIFO would wait for a writer, /dev/zero never end.
+            with open_regular(os.fspath(path)) as f:
                 data = f.read()
             try:
                 return cls.from_json(data)
