@@ -287,8 +287,12 @@ def test_read_only_input_is_accepted_and_never_modified(rng):
 def test_outputs_are_fresh_owned_arrays_and_frozen(rng):
     q = fq.quantize_blockwise(rng.standard_normal(5000).astype(np.float32))
     for arr in (q.data, q.scales):
-        assert arr.base is None and arr.flags.owndata and arr.flags.c_contiguous
-        assert not arr.flags.writeable
+        # A read-only view of the one buffer the kernel filled (no copy), which
+        # NumPy will not let anyone make writable again.
+        assert arr.base.flags.owndata and arr.flags.c_contiguous and arr.base.base is None
+        assert not arr.flags.writeable and not arr.base.flags.writeable
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            arr.flags.writeable = True
     with pytest.raises(dataclasses.FrozenInstanceError):
         q.block_size = 3  # type: ignore[misc]
     with pytest.raises(ValueError):

@@ -1382,3 +1382,46 @@ def test_calib_stats_stream_crowded_values_without_copying_them():
     peak, a, b, exact = r.stdout.split()
     assert (a, b, exact) == ("2.5", "2.5", "True")
     assert int(peak) < 24, f"{peak} MiB over 64 MiB batches"
+
+
+def test_results_cannot_be_made_writable_and_unpickling_copies_caller_buffers():
+    import pickle
+
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    values = [
+        fq.quantize(x),
+        fq.quantize_blockwise(x),
+        fq.dynamic_quantize_int8(x),
+        fq.quantize_activations(x),
+        fq.QuantizedWeights.from_f32("w", x),
+        fq.BlockwiseQuantized(np.zeros(8, np.int8), np.ones(2, np.float32), (8,), 4),
+    ]
+    for q in values:
+        for name in q._arrays:
+            arr = getattr(q, name)
+            if arr is not None:
+                with pytest.raises(ValueError, match="WRITEABLE"):
+                    arr.flags.writeable = True
+        # Protocol 5 with buffers passed out of band: those are the caller's memory.
+        buffers = []
+        blob = pickle.dumps(q, protocol=5, buffer_callback=buffers.append)
+        mutable = [bytearray(b.raw()) for b in buffers]
+        clone = pickle.loads(blob, buffers=mutable)
+        for m in mutable:
+            m[:] = b"\x80" * len(m)
+        assert clone == q, type(q).__name__
+        assert pickle.loads(pickle.dumps(q)) == q
+
+
+def test_an_interrupted_write_leaves_no_file_and_no_descriptor(tmp_path):
+    def interrupted(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"partial")
+        raise KeyboardInterrupt
+
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(KeyboardInterrupt):
+            _format.write_file(tmp_path / "out.safetensors", interrupted)
+    assert os.listdir(tmp_path) == []
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 import numpy as np
 
 from . import _format
+from ._checks import held, owned
 from .errors import FormatError, InvalidConfigError
 
 Q = TypeVar("Q", bound="Quantized")
@@ -91,10 +92,18 @@ def _jsonable(v: Any) -> Any:
 
 
 def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
+    """Unpickle: arrays pickle made from its own bytes are the value's (read-only
+    views of them are held); arrays over buffers passed out of band (protocol 5)
+    are the caller's memory, so ``held`` copies them."""
+    fields = dict(fields)
     for name in cls._arrays:
         arr = fields[name]
-        if arr is not None and arr.flags.writeable:
-            arr.flags.writeable = False
+        if arr is None:
+            continue
+        if type(arr) is np.ndarray and arr.base is None:
+            fields[name] = owned(arr).view()
+        else:
+            fields[name] = held(arr)
     return cls._trusted(**fields)
 
 

@@ -310,14 +310,20 @@ def describe(x: Any) -> str:
     return type(x).__name__
 
 
-def readonly(arr: np.ndarray) -> np.ndarray:
-    """Mark an array this library created as read-only (results are frozen) and return it."""
-    arr.flags.writeable = False
-    return arr
-
-
 _BASE = np.ndarray.base.__get__
 _FLAGS = np.ndarray.flags.__get__
+
+
+def readonly(arr: np.ndarray) -> np.ndarray:
+    """Mark an array this library created as read-only (results are frozen) and return
+    it; one that owns its memory is handed out as a view, which NumPy will not let
+    anyone make writable again (its owner would allow it)."""
+    base = _BASE(arr)
+    if isinstance(base, np.ndarray) and _BASE(base) is None:
+        base.flags.writeable = False  # a reshape of a buffer it made: that buffer too
+    arr.flags.writeable = False
+    return arr.view() if base is None else arr
+
 
 #: Arrays this package allocated, filled and made read-only without handing them
 #: out writable (a file's tensors as they are read), by id, with a weak reference
@@ -371,8 +377,8 @@ def held(arr: np.ndarray) -> np.ndarray:
         if _private(arr):
             return arr if type(arr) is np.ndarray else arr.view(np.ndarray)
         out = np.array(arr, order="C", subok=False)
-    out.flags.writeable = False
-    return out
+    # A private copy: held through a read-only view, as `readonly` hands results out.
+    return owned(out).view()
 
 
 def warn(message: str, category: Type[Warning]) -> None:

@@ -27,10 +27,9 @@ import errno
 import json
 import os
 import re
-import signal
+import secrets
 import stat
 import struct
-import tempfile
 from typing import (
     Any,
     BinaryIO,
@@ -340,17 +339,19 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     return dest, real
 
 
-def block_signals() -> Any:
-    """Block every signal this thread may block; the previous mask (None where
-    signal masks do not exist)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-
-
-def unblock_signals(previous: Any) -> None:
-    if previous is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def _temporary_file(parent: str, dest: str) -> Tuple[str, int]:
+    """A new file ``.ferroquant-XXXXXXXX.tmp`` in ``parent`` (mode 0o600), opened for
+    writing: its path and descriptor, or an ``OSError`` naming ``dest``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        name = os.path.join(parent, f".ferroquant-{secrets.token_hex(6)}.tmp")
+        try:
+            return name, os.open(name, flags, 0o600)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise _os_error(e.errno or errno.EIO, dest) from None
+    raise _os_error(errno.EEXIST, dest)
 
 
 def write_file(path: PathLike, write: Callable[[str], None]) -> None:
@@ -369,21 +370,20 @@ def write_file(path: PathLike, write: Callable[[str], None]) -> None:
     except OSError as e:
         raise _os_error(e.errno or errno.EIO, dest) from None
     tmp: Optional[str] = None
-    # Signals wait while the temporary file is made and named: one handled in
-    # between (a CLI's SIGTERM unwinds) would leave it behind unnamed.
-    masked = block_signals()
+    fd: Optional[int] = None
     try:
-        try:
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".ferroquant-", suffix=".tmp")
-        except OSError as e:
-            raise _os_error(e.errno or errno.EIO, dest) from None
-        finally:
-            unblock_signals(masked)
+        # The temporary file is named and opened in one statement, so an exception
+        # raised by a signal handler (a CLI's SIGTERM unwinds) between the two
+        # cannot leave it behind unnamed, nor its descriptor open.
+        tmp, fd = _temporary_file(parent, dest)
         os.close(fd)
+        fd = None
         write(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, real)
     except BaseException as e:
+        if fd is not None:
+            os.close(fd)
         if tmp is not None:
             try:
                 os.unlink(tmp)

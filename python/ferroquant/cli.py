@@ -32,7 +32,7 @@ import numpy as np
 
 from . import __version__
 from ._checks import FLOAT_DTYPES, is_float_dtype
-from ._format import ENTRY_PREFIX, block_signals, open_regular, unblock_signals, unique_keys
+from ._format import ENTRY_PREFIX, open_regular, unique_keys
 from .errors import QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
@@ -1173,33 +1173,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # SIGTERM (timeout, a cancelled job), SIGHUP (a closed terminal) and the other
     # terminating signals unwind like Ctrl-C, so partial output files are removed
-    # instead of left behind. Installed and restored with the signals blocked, so
-    # none is handled half-way (one that arrives meanwhile waits, then is handled
-    # by whichever handler is in place).
+    # instead of left behind. One handled while the handlers are installed (or
+    # outside _run's own try) unwinds here; once the work is done one is only
+    # recorded, and the handlers are put back as they were.
     installed: List[int] = []
-    masked = block_signals()
     try:
-        try:
-            for signum in _TERMINATING:
-                try:
-                    if signal.getsignal(signum) is signal.SIG_DFL:
-                        signal.signal(signum, terminated)
-                        installed.append(signum)
-                except (ValueError, OSError):  # not the main thread (main() from a thread)
-                    break
-        finally:
-            unblock_signals(masked)  # one that came meanwhile is handled here
+        for signum in _TERMINATING:
+            try:
+                if signal.getsignal(signum) is signal.SIG_DFL:
+                    installed.append(signum)  # first: restoring a default is harmless
+                    signal.signal(signum, terminated)
+            except (ValueError, OSError):  # not the main thread (main() from a thread)
+                break
         status = _run(args, one_line)
         done = True
-    except _Terminated as e:  # landed outside _run's own try
+    except _Terminated as e:
         done = True
         status = _terminated(e)
-    masked = block_signals()
-    try:
-        for signum in installed:  # main() called in-process: as it was
-            signal.signal(signum, signal.SIG_DFL)
-    finally:
-        unblock_signals(masked)
+    for signum in installed:  # main() called in-process: as it was
+        signal.signal(signum, signal.SIG_DFL)
     if received and status == 0:
         status = _terminated(_Terminated(received[0]))
     return status
