@@ -1368,20 +1368,24 @@ def test_calib_stats_stream_crowded_values_without_copying_them():
             import resource, numpy as np, ferroquant as fq
             x = np.full(1 << 24, -2.5, np.float32)  # 64 MiB
             y = np.float32(1.0) + np.arange(1 << 24, dtype=np.float32) % 1000 * 2e-6
+            z = np.full(1 << 24, 7.0, np.float32)  # above every threshold so far
             fq.CalibStats.collect([x[:4096]])  # the pool and the module, warm
             base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             a = fq.CalibStats.collect([x])
             b = fq.CalibStats.collect(iter([x[: 1 << 23], x[1 << 23 :]]))
             c = fq.CalibStats.collect([y])
+            d = fq.CalibStats.collect([x, y, z])
+            e = fq.CalibStats.collect(iter([x, y, z]))
             peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024
-            print(peak, a.p99, b.p99, c.p99 == np.sort(y)[int(np.ceil(0.99 * y.size)) - 1])
+            print(peak, a.p99, b.p99, c.p99 == np.sort(y)[int(np.ceil(0.99 * y.size)) - 1],
+                  d.p99, e.p99)
             """
         )
     )
     assert r.returncode == 0, r.stderr
-    peak, a, b, exact = r.stdout.split()
-    assert (a, b, exact) == ("2.5", "2.5", "True")
-    assert int(peak) < 24, f"{peak} MiB over 64 MiB batches"
+    peak, a, b, exact, d, e = r.stdout.split()
+    assert (a, b, exact, d, e) == ("2.5", "2.5", "True", "7.0", "7.0")
+    assert int(peak) < 32, f"{peak} MiB over 64 MiB batches"
 
 
 def test_results_cannot_be_made_writable_and_unpickling_copies_caller_buffers():

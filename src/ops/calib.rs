@@ -40,6 +40,12 @@ pub struct BatchStats {
 /// added in chunk order, so results do not depend on the thread count.
 const CHUNK: usize = 16 * STAGE;
 
+/// Elements per wave of [`batch_stats`]: at most this many candidates (1 Mi,
+/// 4 MiB, briefly twice while they are merged) are held beyond `keep` while a
+/// batch is read. The result does not depend on it: each wave keeps the
+/// `keep` largest so far, whatever the waves.
+const WAVE: usize = 16 * CHUNK;
+
 struct Part {
     min: f32,
     max: f32,
@@ -183,56 +189,69 @@ pub fn batch_stats<T: Float>(x: &[T], threshold: u32, keep: usize) -> Result<Bat
     // histogram of |x| (see `histogram_threshold`): the values below its
     // threshold are smaller than the keep-th largest, and their maximum is
     // reported as let go.
-    let threshold = match threshold {
+    let mut threshold = match threshold {
         0 if keep < n => histogram_threshold(isa, x, keep),
         0 => None,
         t => Some(t),
     };
-    let parts: std::result::Result<Vec<Part>, usize> = parallel::run(n, |par| {
-        if !par {
-            return x
-                .chunks(CHUNK)
-                .enumerate()
-                .map(|(c, xs)| part(isa, xs, k, threshold).map_err(|i| c * CHUNK + i))
-                .collect();
-        }
-        x.par_chunks(CHUNK)
-            .enumerate()
-            .map(|(c, xs)| part(isa, xs, k, threshold).map_err(|i| c * CHUNK + i))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .collect()
-    });
-    let parts = parts.map_err(|index| QuantError::NonFinite { arg: "x", index })?;
     let (mut min, mut max, mut s1, mut s2) = (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0f64);
-    let mut candidates = Vec::with_capacity(parts.iter().map(|p| p.candidates.len()).sum());
+    let mut candidates: Vec<u32> = Vec::new();
     let mut below_max = 0u32;
-    let mut ties = 0u64;
-    for p in parts {
-        below_max = below_max.max(p.below_max);
-        ties += p.ties;
-        min = min.min(p.min);
-        max = max.max(p.max);
-        s1 += p.s1;
-        s2 += p.s2;
-        candidates.extend_from_slice(&p.candidates);
-    }
-    // Values equal to the threshold rank below every candidate: as many of
-    // them as `keep` leaves room for join the candidates; the rest are let go.
-    if let Some(t) = threshold.filter(|_| ties > 0) {
-        let room = keep.saturating_sub(candidates.len()) as u64;
-        candidates.extend(std::iter::repeat_n(t, ties.min(room) as usize));
-        if ties > room {
-            below_max = below_max.max(t);
+    // A wave of chunks at a time, the candidates cut back to `keep` after each
+    // and the threshold raised to the smallest kept: values above the running
+    // threshold (a batch of one large constant) are never all held at once.
+    // Waves are fixed runs of chunks, so nothing depends on the thread count.
+    for (w, xw) in x.chunks(WAVE).enumerate() {
+        let at = |c: usize, i: usize| w * WAVE + c * CHUNK + i;
+        let parts: std::result::Result<Vec<Part>, usize> = parallel::run(xw.len(), |par| {
+            if !par {
+                return xw
+                    .chunks(CHUNK)
+                    .enumerate()
+                    .map(|(c, xs)| part(isa, xs, k, threshold).map_err(|i| at(c, i)))
+                    .collect();
+            }
+            xw.par_chunks(CHUNK)
+                .enumerate()
+                .map(|(c, xs)| part(isa, xs, k, threshold).map_err(|i| at(c, i)))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .collect()
+        });
+        let parts = parts.map_err(|index| QuantError::NonFinite { arg: "x", index })?;
+        let mut ties = 0u64;
+        candidates.reserve(parts.iter().map(|p| p.candidates.len()).sum());
+        for p in parts {
+            below_max = below_max.max(p.below_max);
+            ties += p.ties;
+            min = min.min(p.min);
+            max = max.max(p.max);
+            s1 += p.s1;
+            s2 += p.s2;
+            candidates.extend_from_slice(&p.candidates);
         }
-    }
-    if candidates.len() > keep {
-        // Only the `keep` largest can matter: select them here, in O(n).
-        let cut = candidates.len() - keep;
-        let (low, pivot, _) = candidates.select_nth_unstable(cut - 1);
-        let dropped = low.iter().copied().fold(*pivot, u32::max);
-        below_max = below_max.max(dropped);
-        candidates.drain(..cut);
+        // Values equal to the threshold rank below every candidate: as many of
+        // them as `keep` leaves room for join the candidates; the rest are let go.
+        if let Some(t) = threshold.filter(|_| ties > 0) {
+            let room = keep.saturating_sub(candidates.len()) as u64;
+            candidates.extend(std::iter::repeat_n(t, ties.min(room) as usize));
+            if ties > room {
+                below_max = below_max.max(t);
+            }
+        }
+        if candidates.len() > keep {
+            // Only the `keep` largest can matter: select them here, in O(n).
+            let cut = candidates.len() - keep;
+            let (low, pivot, _) = candidates.select_nth_unstable(cut - 1);
+            let dropped = low.iter().copied().fold(*pivot, u32::max);
+            below_max = below_max.max(dropped);
+            candidates.drain(..cut);
+        }
+        if candidates.len() >= keep {
+            if let Some(&least) = candidates.iter().min() {
+                threshold = Some(threshold.map_or(least, |t| t.max(least)));
+            }
+        }
     }
     let nf = n as f64;
     Ok(BatchStats {
@@ -690,6 +709,30 @@ mod accumulator_tests {
             assert!(out.exact);
             assert_eq!(out.stats.p99, exact_p99(x));
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_batch_above_the_threshold_is_cut_back_wave_by_wave() -> Result<()> {
+        // Three waves of values all above the threshold: the candidates are
+        // still exactly the `keep` largest, the largest let go is reported, and
+        // a NaN in the last wave is found at its index.
+        let n = 3 * WAVE + 12_345;
+        let x: Vec<f32> = (0..n).map(|i| 2.0 + ((i * 7919) % n) as f32).collect();
+        let keep = 40_000;
+        let b = batch_stats(&x, 1.0f32.to_bits(), keep)?;
+        let mut want: Vec<u32> = x.iter().map(|v| v.to_bits()).collect();
+        want.sort_unstable();
+        let mut got = b.candidates.clone();
+        got.sort_unstable();
+        assert_eq!(got, want[n - keep..]);
+        assert_eq!(b.below_max, want[n - keep - 1]);
+        let mut bad = x.clone();
+        bad[3 * WAVE + 5] = f32::NAN;
+        assert!(matches!(
+            batch_stats(&bad, 1.0f32.to_bits(), keep),
+            Err(QuantError::NonFinite { index, .. }) if index == 3 * WAVE + 5
+        ));
         Ok(())
     }
 
