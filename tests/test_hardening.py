@@ -1173,7 +1173,15 @@ def test_read_only_memory_the_caller_owns_is_copied_not_held():
 def test_memory_only_ferroquant_can_write_is_held_without_a_copy(tmp_path):
     x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
     q = fq.quantize(x)  # codes in a buffer of the output cache
-    assert np.shares_memory(fq.QuantizedTensor(**vars(q)).data, q.data)
+    # A read-only view of a cache buffer is copied: the same buffer may back a
+    # writable output (a dequantized array) the caller holds.
+    out = fq.dequantize_blockwise(fq.quantize_blockwise(np.ones(1 << 19, np.float32)))
+    ro = out.view()
+    ro.flags.writeable = False
+    b = fq.BlockwiseQuantized(np.ones(1 << 19, np.int8), ro, (1 << 19,), 1)
+    before = out[0]
+    out[0] = 123.0
+    assert b.scales[0] == before
     path = tmp_path / "q.safetensors"
     fq.save(path, {"q": q})
     loaded = fq.load(path)["q"]  # views of the reader's own arrays, read once
@@ -1429,3 +1437,49 @@ def test_an_interrupted_write_leaves_no_file_and_no_descriptor(tmp_path):
             _format.write_file(tmp_path / "out.safetensors", interrupted)
     assert os.listdir(tmp_path) == []
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_signal_at_any_point_of_a_write_leaves_no_file_and_no_descriptor(tmp_path, monkeypatch):
+    # An exception raised by a signal handler can come right after any call; the
+    # temporary file's name is known before it exists, and no descriptor is held.
+    import ferroquant.cli as cli_module
+
+    fds = len(os.listdir("/proc/self/fd"))
+    real_create = _format._create
+
+    def create_then_interrupt(name):
+        real_create(name)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_format, "_create", create_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        fq.save(tmp_path / "a.safetensors", {"w": np.ones(4, np.float32)})
+    monkeypatch.undo()
+    real_chmod = os.chmod
+
+    def chmod_then_interrupt(*a, **k):
+        real_chmod(*a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_format.os, "chmod", chmod_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        fq.save(tmp_path / "b.safetensors", {"w": np.ones(4, np.float32)})
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == [] and len(os.listdir("/proc/self/fd")) == fds
+    # Ctrl-C while the CLI installs its handlers: they are put back all the same.
+    import signal
+
+    real_signal = signal.signal
+    calls = []
+
+    def signal_then_interrupt(signum, handler):
+        real_signal(signum, handler)
+        calls.append(signum)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module.signal, "signal", signal_then_interrupt)
+    status = cli_module.main(["inspect", str(tmp_path / "missing.safetensors")])
+    monkeypatch.undo()
+    assert status == 130
+    assert all(signal.getsignal(s) is signal.SIG_DFL for s in cli_module._TERMINATING)

@@ -348,8 +348,8 @@ def owned(arr: np.ndarray) -> np.ndarray:
 def _private(arr: np.ndarray) -> bool:
     """Whether nothing can write ``arr``'s memory: it and every array it views are
     read-only, down to memory that is immutable (``bytes``) or that this package
-    owns (a file's tensors as read, the output cache's buffers: NumPy lets no view of
-    a read-only owner become writable again). Read-only memory a caller owns is not
+    owns (a file's tensors as read, its private copies: NumPy lets no view of a
+    read-only owner become writable again). Read-only memory a caller owns is not
     private: its owner may set ``writeable`` again and change it."""
     # NumPy's own descriptors: a subclass may override `base` or `flags`.
     a: Any = arr
@@ -359,8 +359,10 @@ def _private(arr: np.ndarray) -> bool:
             return False
         last, a = a, _BASE(a)
     if a is None:
+        # Not the output cache's buffers: a read-only one may also back a writable
+        # output (a dequantized array) that the caller holds.
         ref = _OWNED.get(id(last))
-        return (ref is not None and ref() is last) or _native.output_cache_holds(last)
+        return ref is not None and ref() is last
     return isinstance(a, bytes)
 
 

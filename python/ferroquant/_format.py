@@ -339,19 +339,20 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     return dest, real
 
 
-def _temporary_file(parent: str, dest: str) -> Tuple[str, int]:
-    """A new file ``.ferroquant-XXXXXXXX.tmp`` in ``parent`` (mode 0o600), opened for
-    writing: its path and descriptor, or an ``OSError`` naming ``dest``."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        name = os.path.join(parent, f".ferroquant-{secrets.token_hex(6)}.tmp")
-        try:
-            return name, os.open(name, flags, 0o600)
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise _os_error(e.errno or errno.EIO, dest) from None
-    raise _os_error(errno.EEXIST, dest)
+def _create(name: str) -> None:
+    """Create the empty file ``name`` (mode 0o600 less the umask); FileExistsError
+    if anything has that name. Without a descriptor where the system allows
+    (``mknod``): an exception raised by a signal handler right after the call then
+    has nothing to leak."""
+    try:
+        os.mknod(name, 0o600 | stat.S_IFREG)
+        return
+    except FileExistsError:
+        raise
+    except (AttributeError, OSError):  # no mknod, or not for regular files here
+        pass
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    os.close(fd)
 
 
 def write_file(path: PathLike, write: Callable[[str], None]) -> None:
@@ -370,20 +371,23 @@ def write_file(path: PathLike, write: Callable[[str], None]) -> None:
     except OSError as e:
         raise _os_error(e.errno or errno.EIO, dest) from None
     tmp: Optional[str] = None
-    fd: Optional[int] = None
     try:
-        # The temporary file is named and opened in one statement, so an exception
-        # raised by a signal handler (a CLI's SIGTERM unwinds) between the two
-        # cannot leave it behind unnamed, nor its descriptor open.
-        tmp, fd = _temporary_file(parent, dest)
-        os.close(fd)
-        fd = None
+        # The name is known before the file exists, so an exception raised by a
+        # signal handler (a CLI's SIGTERM unwinds) at any point removes it. The
+        # name is random (48 bits): one that exists is someone else's, skipped.
+        for _ in range(100):
+            tmp = os.path.join(parent, f".ferroquant-{secrets.token_hex(6)}.tmp")
+            try:
+                _create(tmp)
+                break
+            except FileExistsError:
+                tmp = None
+        else:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dest)
         write(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, real)
     except BaseException as e:
-        if fd is not None:
-            os.close(fd)
         if tmp is not None:
             try:
                 os.unlink(tmp)

@@ -1178,20 +1178,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # recorded, and the handlers are put back as they were.
     installed: List[int] = []
     try:
-        for signum in _TERMINATING:
-            try:
-                if signal.getsignal(signum) is signal.SIG_DFL:
-                    installed.append(signum)  # first: restoring a default is harmless
-                    signal.signal(signum, terminated)
-            except (ValueError, OSError):  # not the main thread (main() from a thread)
-                break
-        status = _run(args, one_line)
+        try:
+            for signum in _TERMINATING:
+                try:
+                    if signal.getsignal(signum) is signal.SIG_DFL:
+                        installed.append(signum)  # first: restoring a default is harmless
+                        signal.signal(signum, terminated)
+                except (ValueError, OSError):  # not the main thread (main() from a thread)
+                    break
+            status = _run(args, one_line)
+        except _Terminated as e:
+            status = _terminated(e)
+        except KeyboardInterrupt:  # Ctrl-C before _run's own handling
+            print("ferroquant: interrupted", file=sys.stderr)
+            status = 130
+    finally:
         done = True
-    except _Terminated as e:
-        done = True
-        status = _terminated(e)
-    for signum in installed:  # main() called in-process: as it was
-        signal.signal(signum, signal.SIG_DFL)
+        for signum in installed:  # main() called in-process: as it was, on every path
+            signal.signal(signum, signal.SIG_DFL)
     if received and status == 0:
         status = _terminated(_Terminated(received[0]))
     return status

@@ -388,7 +388,7 @@ def compute_smooth_factors(
             f"got {w.shape[1]}"
         )
     alpha, eps = _native.round_f32(config.alpha), _native.round_f32(config.epsilon)
-    return readonly(_native.compute_smooth_factors(a, w, a.shape[1], alpha, eps))
+    return _native.compute_smooth_factors(a, w, a.shape[1], alpha, eps)  # the caller's
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:

@@ -190,16 +190,6 @@ fn release_free(py: Python<'_>) -> PyResult<usize> {
     Ok(bytes)
 }
 
-/// Whether `obj` is one of the cache's buffers: memory only the cache writes,
-/// and only while no Python object references it, read-only while handed out.
-/// False when the lock is taken (the caller then copies, which is always safe).
-pub(crate) fn holds(obj: &Bound<'_, PyAny>) -> bool {
-    let Ok(cache) = CACHE.try_lock() else {
-        return false;
-    };
-    cache.entries.iter().any(|e| e.buf.as_ptr() == obj.as_ptr())
-}
-
 fn set_writeable(buf: &Bound<'_, PyArray1<u8>>, on: bool) -> PyResult<()> {
     buf.call_method1("setflags", (on,))?;
     Ok(())

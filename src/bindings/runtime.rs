@@ -55,13 +55,6 @@ pub(crate) fn output_cache_usage(py: Python<'_>) -> PyResult<(usize, usize, usiz
     super::recycle::usage(py)
 }
 
-/// Whether `obj` is a buffer of the output cache (results are views of one):
-/// memory no caller owns, so a value may hold a read-only view of it uncopied.
-#[pyfunction]
-pub(crate) fn output_cache_holds(obj: &Bound<'_, PyAny>) -> bool {
-    super::recycle::holds(obj)
-}
-
 /// Why an environment variable of ferroquant's is ignored (one message each).
 #[pyfunction]
 pub(crate) fn env_warnings() -> Vec<String> {
@@ -114,6 +107,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(get_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(output_cache_usage, m)?)?;
-    m.add_function(wrap_pyfunction!(output_cache_holds, m)?)?;
     Ok(())
 }
