@@ -101,7 +101,7 @@ def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
         if arr is None:
             continue
         if type(arr) is np.ndarray and arr.base is None:
-            fields[name] = owned(arr).view()
+            fields[name] = owned(arr)
         else:
             fields[name] = held(arr)
     return cls._trusted(**fields)

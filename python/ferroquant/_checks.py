@@ -333,8 +333,9 @@ _OWNED: Dict[int, weakref.ref[np.ndarray]] = {}
 
 def owned(arr: np.ndarray) -> np.ndarray:
     """Mark ``arr``, which this package just allocated and filled, read-only and
-    private: a value built on it may hold it without a copy. Only for arrays no
-    caller has seen, and whose memory is their own."""
+    private, and return a view of it to hold: a value built on the view may keep it
+    without a copy, and NumPy lets no view of a read-only owner become writable.
+    Only for arrays no caller has seen, and whose memory is their own."""
     arr.flags.writeable = False
     key = id(arr)
 
@@ -342,7 +343,7 @@ def owned(arr: np.ndarray) -> np.ndarray:
         _OWNED.pop(key, None)
 
     _OWNED[key] = weakref.ref(arr, forget)
-    return arr
+    return arr.view()
 
 
 def _private(arr: np.ndarray) -> bool:
@@ -380,7 +381,7 @@ def held(arr: np.ndarray) -> np.ndarray:
             return arr if type(arr) is np.ndarray else arr.view(np.ndarray)
         out = np.array(arr, order="C", subok=False)
     # A private copy: held through a read-only view, as `readonly` hands results out.
-    return owned(out).view()
+    return owned(out)
 
 
 def warn(message: str, category: Type[Warning]) -> None:

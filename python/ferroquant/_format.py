@@ -592,7 +592,7 @@ def _reader_owned(arr: np.ndarray) -> np.ndarray:
     memory (bytes it allocated and filled): the view, not the owner, goes into the
     value, so its holder cannot set it writable again (NumPy refuses for a view of
     a read-only owner). A view of immutable ``bytes`` is private already."""
-    return owned(arr).view() if arr.base is None else arr
+    return owned(arr) if arr.base is None else arr
 
 
 def parse_bytes(data: Any) -> Dict[str, Any]:

@@ -553,13 +553,11 @@ class CalibStats(Quantized):
 def _suggested_scale(p99: float, max_abs: float) -> float:
     """The seed's suggested scale in float32: ``p99 / 127``, else ``max|x| / 127``, else
     ``1 / 127``."""
-    for v in (p99, max_abs, 1.0):
-        if v > 0:
-            # Rounding the float64 quotient of two float32 values to float32 is the
-            # float32 quotient (53 >= 2·24 + 2 bits); rounded in the default
-            # environment, as every scalar here (a caller's flush-to-zero flags aside).
-            return float(_native.round_f32(v / 127.0))
-    raise AssertionError("unreachable: 1.0 > 0")
+    v = p99 if p99 > 0 else max_abs if max_abs > 0 else 1.0
+    # Rounding the float64 quotient of two float32 values to float32 is the float32
+    # quotient (53 >= 2·24 + 2 bits); rounded in the default environment, as every
+    # scalar here (a caller's flush-to-zero flags aside).
+    return float(_native.round_f32(v / 127.0))
 
 
 def _size(batch: Any, k: int) -> int:
