@@ -34,6 +34,10 @@ FLOAT_DTYPES = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
 }
 
+#: The names of the native-order float dtypes, looked up without ``np.dtype.name``
+#: (a property that builds its string on every call, ~3 us).
+_NAME_OF = {dt: name for name, dt in FLOAT_DTYPES.items()}
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -101,6 +105,10 @@ def source_dtype(value: Any, arg: str = "dtype") -> str:
     scalar type such as ``np.float16`` is accepted and named.
     """
     name: Optional[str] = None
+    if isinstance(value, np.dtype):
+        name = _NAME_OF.get(value)  # the common case: np.dtype.name takes microseconds
+        if name is not None:
+            return name
     if isinstance(value, str):
         name = str(value)
     elif isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
@@ -320,8 +328,8 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     anyone make writable again (its owner would allow it)."""
     base = _BASE(arr)
     if isinstance(base, np.ndarray) and _BASE(base) is None:
-        base.flags.writeable = False  # a reshape of a buffer it made: that buffer too
-    arr.flags.writeable = False
+        base.setflags(write=False)  # a reshape of a buffer it made: that buffer too
+    arr.setflags(write=False)  # (setflags: no flags object built, on every result)
     return arr.view() if base is None else arr
 
 

@@ -329,7 +329,7 @@ def quantize(x: Any, config: QuantConfig = QuantConfig()) -> QuantizedTensor:
         scales=readonly(scales),
         zero_points=readonly(zps),
         shape=arr.shape,
-        dtype=arr.dtype.name,
+        dtype=source_dtype(arr.dtype),
         config=config,
     )
 

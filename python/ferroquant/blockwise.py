@@ -164,7 +164,7 @@ def quantize_blockwise(
         scales=readonly(scales),
         shape=arr.shape,
         block_size=bs,
-        dtype=arr.dtype.name,
+        dtype=source_dtype(arr.dtype),
     )
 
 
