@@ -384,15 +384,32 @@ def test_calib_stats_seed_example_and_empty():
     assert zeros.suggested_scale == np.float32(1) / np.float32(127)
 
 
-def test_calib_stats_p99_is_exact_for_lists_and_streams_bounded(rng):
+def test_calib_stats_p99_is_exact_for_lists_and_streams(tmp_path, monkeypatch):
     # Distinct values first, then many zeros: the exact p99 lies among values a
     # stream that only kept the top 1 % of what it had seen would have dropped.
+    import warnings
+
     batches = [np.arange(1, 100_001, dtype=np.float32), np.zeros(5_000_000, np.float32)]
     exact = fq.CalibStats.collect(batches)
     assert exact.p99 == ref.calib_stats(batches)[4]
-    with pytest.warns(fq.PrecisionWarning, match="upper bound"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # The spill of every value (read back once, for the p99's bin) ...
+        assert fq.CalibStats.collect(iter(batches)) == exact
+        # ... or the count announced, which keeps just what the p99 needs.
+        assert fq.CalibStats.collect(iter(batches), total=5_100_000) == exact
+        assert fq.CalibStats.collect(iter(batches), total=2**40) == exact
+    # Without a usable temporary directory the spill fails: an upper bound, and
+    # the warning says why.
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    with pytest.warns(fq.PrecisionWarning, match="upper bound(.|\\n)*temporary file"):
         approx = fq.CalibStats.collect(iter(batches))
     assert approx.p99 >= exact.p99
+    # Not needed (the kept values give the p99): no file, no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small = [np.arange(1, 1001, dtype=np.float32)] * 3
+        assert fq.CalibStats.collect(iter(small)) == fq.CalibStats.collect(small)
     # A stationary stream far larger than what is kept: exact, memory bounded.
     import tracemalloc
 
@@ -426,6 +443,45 @@ def test_calib_stats_stream_with_its_largest_values_first_is_exact(rng):
         warnings.simplefilter("error")
         got = fq.CalibStats.collect(b for b in batches)
     assert got == want
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_calib_stats_stream_of_falling_magnitudes_is_exact(rng, dtype):
+    # Each batch smaller than the last: the final p99 needs values of the first
+    # batches that fell below what the count so far needed (found by a review,
+    # the p99 was an upper bound with a warning). Also ties crowding one bin.
+    import warnings
+
+    falling = [(rng.standard_normal(1 << 17) * (16 - i)).astype(dtype) for i in range(16)]
+    ties = [np.ones(1100, dtype), np.full(108_900, 0.25, dtype)]
+    for batches in (falling, ties):
+        want = ref.calib_stats(batches)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = fq.CalibStats.collect(b for b in batches)
+        assert got == fq.CalibStats.collect(batches)
+        assert (got.min, got.max, got.p99, got.suggested_scale) == (
+            want[0],
+            want[1],
+            want[4],
+            want[5],
+        )
+
+
+def test_calib_stats_total_is_checked():
+    batches = [np.ones(10, np.float32)] * 3
+    for bad in (1.5, "30", True, [30]):
+        with pytest.raises(TypeError, match="total must be an int"):
+            fq.CalibStats.collect(iter(batches), total=bad)
+    for bad in (-1, 2**64):
+        with pytest.raises(fq.InvalidConfigError, match="total must be a count"):
+            fq.CalibStats.collect(iter(batches), total=bad)
+    with pytest.raises(fq.InvalidConfigError, match="total.*25 values were announced"):
+        fq.CalibStats.collect(iter(batches), total=25)
+    # More announced than arrive: still exact (what more values would need is kept).
+    assert fq.CalibStats.collect(iter(batches), total=np.int64(1000)) == fq.CalibStats.collect(
+        batches
+    )
 
 
 def test_calib_stats_errors():

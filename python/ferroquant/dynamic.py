@@ -10,8 +10,9 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Tuple, Union
+from typing import Any, ClassVar, Optional, Tuple, Union
 
 import numpy as np
 
@@ -530,24 +531,31 @@ class CalibStats(Quantized):
         return f"CalibStats({fields})"
 
     @classmethod
-    def collect(cls, batches: Any) -> CalibStats:
+    def collect(cls, batches: Any, *, total: Optional[int] = None) -> CalibStats:
         """Statistics of the values of ``batches`` (any iterable of float arrays,
         consumed once). Streams: holds the running sums and the largest |x| the
-        exact p99 can still need, not every value.
+        exact p99 can still need (about 1 % of the values), not every value.
+
+        The number of values decides which |x| the p99 needs. A list or tuple is
+        sized first. For any other iterable pass ``total`` (the number of values
+        it will yield, or more) to stream in the same memory. Without it, a
+        stream whose largest values come first can need values let go earlier,
+        so every |x| also goes to a spill (4 bytes a value: 1 MiB in memory,
+        then an unnamed temporary file in ``TMPDIR``), read once at the end only
+        when needed. The p99 is exact either way.
 
         Raises:
-            TypeError: a batch is not a floating array.
+            TypeError: a batch is not a floating array, or ``total`` not an int.
+            InvalidConfigError: ``total`` is negative, or more values arrive than
+                it announced.
             NonFiniteError: a batch holds NaN or an infinity.
 
         Warns:
-            PrecisionWarning: for a one-shot iterator (length unknown) when values
-                the final p99 needs were let go: memory follows the count so far,
-                so a stream that grows long after its largest values came can lose
-                them (see the README). A count of every value by bin (65536 bins
-                of the bit pattern) still gives the exact p99 unless values of its
-                own bin were let go; then the p99 returned is an upper bound.
+            PrecisionWarning: only if the spill was needed and its temporary file
+                could not be created, written or read (the error is named): the
+                p99 returned is then an upper bound.
         """
-        return _collect(batches)
+        return _collect(batches, total)
 
 
 def _suggested_scale(p99: float, max_abs: float) -> float:
@@ -567,7 +575,21 @@ def _size(batch: Any, k: int) -> int:
         raise TypeError(f"batches[{k}] must be a floating array: {e}") from None
 
 
-def _collect(batches: Any) -> CalibStats:
+def _total(total: Any) -> Optional[int]:
+    if total is None:
+        return None
+    if isinstance(total, (bool, np.bool_)):
+        raise TypeError("total must be an int or None, got bool")
+    try:
+        n = operator.index(total)
+    except TypeError:
+        raise TypeError(f"total must be an int or None, got {type(total).__name__}") from None
+    if not 0 <= n < 2**64:
+        raise InvalidConfigError(f"total must be a count of values (>= 0), got {n}")
+    return n
+
+
+def _collect(batches: Any, total: Any = None) -> CalibStats:
     """Stream the batches through the crate's ``CalibAccumulator`` (which keeps the
     running sums and only the largest |x| the exact p99 can still need)."""
     if isinstance(batches, (np.ndarray, np.generic)):
@@ -580,9 +602,10 @@ def _collect(batches: Any) -> CalibStats:
                 "batches must be an iterable of floating arrays (or one array), got "
                 f"{type(batches).__name__}"
             ) from None
-    sized = isinstance(batches, (list, tuple))
-    total = sum(_size(b, k) for k, b in enumerate(batches)) if sized else None
-    acc = _native.CalibAccumulator(total)
+    announced = _total(total)
+    if announced is None and isinstance(batches, (list, tuple)):
+        announced = sum(_size(b, k) for k, b in enumerate(batches))
+    acc = _native.CalibAccumulator(announced)
     for k, batch in enumerate(batches):
         try:
             arr = float_input(batch, f"batches[{k}]")
@@ -598,13 +621,13 @@ def _collect(batches: Any) -> CalibStats:
                 f"{i - before} (index {i} over all batches)",
                 i,
             ) from None
-    lo, hi, mean, std, p99, suggested, exact = acc.finish()
+    lo, hi, mean, std, p99, suggested, exact, spill_error = acc.finish()
     if not exact:
         warn(
-            "CalibStats.collect: the iterator's length was not known, and values the "
-            "exact p99 needs were let go (memory follows the count so far, and the "
-            "largest values came early); the p99 returned is an upper bound. Pass a "
-            "list of batches (its total size is read first) to get the exact value",
+            "CalibStats.collect: the p99 returned is an upper bound. The stream's "
+            "length was not known, values the exact p99 needs were let go (its largest "
+            f"values came first), and {spill_error or 'the spill of every value failed'}."
+            " Pass total= (or a list of batches) to keep exactly what the p99 needs",
             PrecisionWarning,
         )
     return CalibStats(

@@ -179,9 +179,9 @@ pub(crate) struct CalibAccumulator {
     inner: Option<calib::CalibAccumulator>,
 }
 
-/// `(min, max, mean, std_dev, p99, suggested_scale, exact)`.
+/// `(min, max, mean, std_dev, p99, suggested_scale, exact, spill_error)`.
 /// Floats widened exactly (whatever the caller's flags) for Python.
-type CalibResult = (f64, f64, f64, f64, f64, f64, bool);
+type CalibResult = (f64, f64, f64, f64, f64, f64, bool, Option<String>);
 
 #[pymethods]
 impl CalibAccumulator {
@@ -222,6 +222,7 @@ impl CalibAccumulator {
             widen(s.p99),
             widen(s.suggested_scale),
             out.exact,
+            out.spill_error,
         ))
     }
 }

@@ -10,11 +10,13 @@
 
 use crate::element::Float;
 use crate::error::{QuantError, Result};
-use crate::ops::dynamic::{abs_histogram, add_abs_histogram, low_histogram, BIN_SHIFT};
+use crate::ops::dynamic::{abs_histogram, for_each_stage, low_histogram, BIN_SHIFT};
 use crate::parallel;
 use crate::simd::{self, Isa};
 use crate::stage::STAGE;
 use rayon::prelude::*;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
 
 /// One batch's statistics.
 #[derive(Debug, Clone, PartialEq)]
@@ -283,15 +285,19 @@ pub struct CalibStats {
 }
 
 /// What [`CalibAccumulator::finish`] returns.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CalibOutcome {
     /// The statistics (all zero for no values).
     pub stats: CalibStats,
     /// Whether `p99` is exact. Only a stream of unknown total length can make it
     /// an upper bound: memory is bounded by what the count so far needs, so when
     /// the count grows much past it (many more batches, or larger ones) while the
-    /// largest values came early, values the final p99 needs were let go.
+    /// largest values came early, values the final p99 needs were let go, and
+    /// the spill of every value (see [`CalibAccumulator`]) could not be used.
     pub exact: bool,
+    /// Why the spill could not be used (the temporary file's error), if it
+    /// was needed and failed.
+    pub spill_error: Option<String>,
 }
 
 impl CalibStats {
@@ -335,7 +341,16 @@ fn needed(n: u64) -> usize {
 /// With the total length known up front exactly that many are kept; without
 /// it, twice what the count so far needs (plus 1024), merged only when the
 /// waiting candidates outnumber them, so the work stays linear.
-#[derive(Debug, Clone)]
+///
+/// Without a known total no bounded memory can promise the exact p99: a value
+/// let go early is needed again when enough smaller values follow (a stream
+/// whose magnitudes fall). So every `|x|` of such a stream is also written,
+/// as a 4-byte bit pattern, to a spill: 1 MiB in memory, then an unnamed
+/// temporary file (`tempfile`, in `TMPDIR`). It is read only when the kept
+/// values and the counts by bin cannot give the p99, once, for the one bin the
+/// p99 lies in. If the file cannot be created or written, the result is the
+/// bound described in [`CalibOutcome::exact`].
+#[derive(Debug)]
 pub struct CalibAccumulator {
     total: Option<u64>,
     n: u64,
@@ -354,6 +369,97 @@ pub struct CalibAccumulator {
     /// turns out to hold only kept values, their order gives it exactly,
     /// although larger values were let go (their counts are still here).
     bins: Vec<u64>,
+    /// Without a known total: every `|x|` pushed.
+    spill: Spill,
+}
+
+/// Bit patterns held in memory before the spill goes to its file (1 MiB).
+const SPILL_BUFFER: usize = 1 << 18;
+
+/// Every `|x|` bit pattern of a stream, in memory up to [`SPILL_BUFFER`] and
+/// then in an unnamed temporary file (removed when it is dropped).
+#[derive(Debug, Default)]
+struct Spill {
+    buffer: Vec<u32>,
+    /// The buffer as little-endian bytes, as written.
+    bytes: Vec<u8>,
+    file: Option<File>,
+    /// Patterns written to `file`.
+    on_file: u64,
+    /// The file's error: nothing more is kept once set.
+    error: Option<String>,
+}
+
+impl Spill {
+    /// Keep the `|x|` bit patterns of `xs`, and count them by bin into `bins`
+    /// (from the same reads, so the counts and the spill agree even if another
+    /// thread rewrites the batch meanwhile).
+    fn add(&mut self, xs: &[f32], bins: &mut [u64]) {
+        for part in xs.chunks(SPILL_BUFFER) {
+            let start = self.buffer.len();
+            self.buffer
+                .extend(part.iter().map(|v| v.to_bits() & 0x7fff_ffff));
+            for &b in &self.buffer[start..] {
+                bins[(b >> BIN_SHIFT) as usize] += 1;
+            }
+            if self.error.is_some() {
+                self.buffer.clear();
+            } else if self.buffer.len() >= SPILL_BUFFER {
+                self.flush();
+            }
+        }
+    }
+
+    /// Move the buffer to the file (created on first use).
+    fn flush(&mut self) {
+        if self.error.is_some() || self.buffer.is_empty() {
+            return;
+        }
+        let written = match self.file.as_mut() {
+            Some(f) => Ok(f),
+            None => tempfile::tempfile().map(|f| self.file.insert(f)),
+        }
+        .and_then(|f| {
+            self.bytes.resize(4 * self.buffer.len(), 0);
+            for (w, b) in self.bytes.chunks_exact_mut(4).zip(&self.buffer) {
+                w.copy_from_slice(&b.to_le_bytes());
+            }
+            f.write_all(&self.bytes)
+        });
+        match written {
+            Ok(()) => self.on_file += self.buffer.len() as u64,
+            Err(e) => {
+                self.error = Some(format!("the temporary file for the values failed: {e}"));
+                self.file = None;
+                self.buffer = Vec::new();
+                self.bytes = Vec::new();
+            }
+        }
+        self.buffer.clear();
+    }
+
+    /// Call `f` on every pattern kept, in order; the file's error, if any.
+    fn visit(&mut self, mut f: impl FnMut(u32)) -> std::result::Result<(), String> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        if let Some(file) = self.file.as_mut() {
+            let failed = |e: std::io::Error| format!("reading back the temporary file failed: {e}");
+            file.seek(SeekFrom::Start(0)).map_err(failed)?;
+            let mut bytes = vec![0u8; 4 * SPILL_BUFFER];
+            let mut left = self.on_file;
+            while left > 0 {
+                let n = (left as usize).min(SPILL_BUFFER);
+                file.read_exact(&mut bytes[..4 * n]).map_err(failed)?;
+                for w in bytes[..4 * n].chunks_exact(4) {
+                    f(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+                }
+                left -= n as u64;
+            }
+        }
+        self.buffer.iter().for_each(|&b| f(b));
+        Ok(())
+    }
 }
 
 impl CalibAccumulator {
@@ -372,6 +478,7 @@ impl CalibAccumulator {
             threshold: 0,
             dropped: -1,
             bins: Vec::new(),
+            spill: Spill::default(),
         }
     }
 
@@ -418,9 +525,11 @@ impl CalibAccumulator {
                 self.bins = vec![0; 1 << 16];
             }
             // The batch was read whole above: it is finite.
-            let counted =
-                add_abs_histogram(Isa::detected(), batch, &mut Vec::new(), &mut self.bins);
-            debug_assert!(counted.is_ok());
+            let (bins, spill) = (&mut self.bins, &mut self.spill);
+            let _ = for_each_stage(Isa::detected(), batch, &mut Vec::new(), |_, xs| {
+                spill.add(xs, bins);
+                Ok(())
+            });
         }
         self.keep = keep;
         if (b.candidates.len() as u64) < b.n {
@@ -470,12 +579,7 @@ impl CalibAccumulator {
     /// here to be ordered. `None` without counts, or when values of that bin
     /// were let go.
     fn p99_by_bins(&mut self, m: usize) -> Option<u32> {
-        let mut above = 0u64;
-        let (bin, count) = self.bins.iter().enumerate().rev().find_map(|(bin, &c)| {
-            above += c;
-            (above >= m as u64).then_some((bin as u32, c))
-        })?;
-        let rank = m as u64 - (above - count); // 1-based, from the top of the bin
+        let (bin, count, rank) = self.p99_bin(m)?;
         let mut inside: Vec<u32> = self
             .kept
             .iter()
@@ -487,6 +591,46 @@ impl CalibAccumulator {
         }
         let at = inside.len() - rank as usize;
         Some(*inside.select_nth_unstable(at).1)
+    }
+
+    /// The bin of [`bins`](Self::bins) the `m`-th largest `|x|` lies in, its
+    /// count, and the value's rank in it (1-based, from the bin's top).
+    fn p99_bin(&self, m: usize) -> Option<(u32, u64, u64)> {
+        let mut above = 0u64;
+        let (bin, count) = self.bins.iter().enumerate().rev().find_map(|(bin, &c)| {
+            above += c;
+            (above >= m as u64).then_some((bin as u32, c))
+        })?;
+        Some((bin, count, m as u64 - (above - count)))
+    }
+
+    /// The `m`-th largest `|x|` bit pattern from the spill of every value: the
+    /// counts give its bin, one read of the spill the bin's values by their
+    /// low bits. `Err` with the spill's error.
+    fn p99_by_spill(&mut self, m: usize) -> std::result::Result<Option<u32>, String> {
+        let Some((bin, count, rank)) = self.p99_bin(m) else {
+            return Ok(None);
+        };
+        let mut low = vec![0u64; 1 << BIN_SHIFT];
+        let mut seen = 0u64;
+        self.spill.visit(|b| {
+            if b >> BIN_SHIFT == bin {
+                low[(b & ((1 << BIN_SHIFT) - 1)) as usize] += 1;
+                seen += 1;
+            }
+        })?;
+        if seen != count {
+            // The spill does not hold what was counted: not to be trusted.
+            return Ok(None);
+        }
+        let mut need = rank;
+        for (sub, &n) in low.iter().enumerate().rev() {
+            if n >= need {
+                return Ok(Some((bin << BIN_SHIFT) | sub as u32));
+            }
+            need -= n;
+        }
+        Ok(None)
     }
 
     /// The statistics of everything pushed.
@@ -505,6 +649,7 @@ impl CalibAccumulator {
             return CalibOutcome {
                 stats: zero,
                 exact: true,
+                spill_error: None,
             };
         }
         // Every value left out is at most `dropped`. With `c` kept values at
@@ -514,13 +659,23 @@ impl CalibAccumulator {
         let m = needed(self.n);
         let dropped = self.dropped;
         let c = self.kept.iter().filter(|&&b| b as i64 >= dropped).count();
+        let mut spill_error = None;
         let (bits, exact) = if c >= m {
             let at = self.kept.len() - m;
             (*self.kept.select_nth_unstable(at).1 as i64, true)
         } else if let Some(bits) = self.p99_by_bins(m) {
             (bits as i64, true)
+        } else if c + 1 == m && dropped >= 0 {
+            (dropped, true)
         } else {
-            (dropped, c + 1 == m && dropped >= 0)
+            match self.p99_by_spill(m) {
+                Ok(Some(bits)) => (bits as i64, true),
+                Ok(None) => (dropped, false),
+                Err(e) => {
+                    spill_error = Some(e);
+                    (dropped, false)
+                }
+            }
         };
         let p99 = f32::from_bits(bits as u32);
         let max_abs = if self.hi.abs() > self.lo.abs() {
@@ -545,6 +700,7 @@ impl CalibAccumulator {
                 suggested_scale,
             },
             exact,
+            spill_error,
         }
     }
 }
@@ -648,11 +804,10 @@ mod accumulator_tests {
         Ok(())
     }
 
-    #[test]
-    fn a_p99_among_values_let_go_stays_a_flagged_bound() -> Result<()> {
-        // 100 000 values 1..=100 000, then 10 485 760 zeros: the p99 (about the
-        // 105 858th largest) is a zero, but zeros came when the threshold was
-        // already above them, so their bin holds values let go: a bound, flagged.
+    /// 100 000 values 1..=100 000, then 10 485 760 zeros: the p99 (about the
+    /// 105 858th largest) is a zero, but zeros came when the threshold was
+    /// already above them, so their bin holds values let go.
+    fn ones_then_zeros() -> Result<(CalibAccumulator, Vec<f32>)> {
         let a: Vec<f32> = (1..=100_000).map(|i| i as f32).collect();
         let zeros = vec![0f32; 1 << 20];
         let mut acc = CalibAccumulator::new(None);
@@ -662,10 +817,73 @@ mod accumulator_tests {
             acc.push(&zeros)?;
             all.extend(&zeros);
         }
+        Ok((acc, all))
+    }
+
+    #[test]
+    fn a_p99_among_values_let_go_is_read_back_from_the_spill() -> Result<()> {
+        let (acc, all) = ones_then_zeros()?;
+        assert!(
+            acc.spill.file.is_some(),
+            "40 MiB of patterns go to the file"
+        );
         let out = acc.finish();
         assert_eq!(exact_p99(&all), 0.0);
+        assert_eq!(
+            (out.stats.p99, out.exact, out.spill_error),
+            (0.0, true, None)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn without_the_spill_a_p99_among_values_let_go_is_a_flagged_bound() -> Result<()> {
+        let (mut acc, _) = ones_then_zeros()?;
+        acc.spill.error = Some("no room".into());
+        let out = acc.finish();
         assert!(!out.exact);
-        assert!(out.stats.p99 >= 1.0 && a.contains(&out.stats.p99));
+        assert_eq!(out.spill_error.as_deref(), Some("no room"));
+        assert!(out.stats.p99 >= 1.0 && out.stats.p99 <= 100_000.0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_stream_of_falling_magnitudes_gives_the_exact_p99() -> Result<()> {
+        // Each batch's values a step smaller than the last: the final p99 needs
+        // values the first batches let go; the spill (in memory and on file)
+        // gives it, for f32 and for f64 read as f32.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for batch in [1000usize, 300_000] {
+            let batches: Vec<Vec<f32>> = (0..12)
+                .map(|i| (0..batch).map(|_| next() * (12 - i) as f32).collect())
+                .collect();
+            let all: Vec<f32> = batches.concat();
+            let mut acc = CalibAccumulator::new(None);
+            let mut acc64 = CalibAccumulator::new(None);
+            let mut unspilled = CalibAccumulator::new(None);
+            unspilled.spill.error = Some("off".into());
+            for b in &batches {
+                acc.push(b)?;
+                acc64.push(&b.iter().map(|&v| f64::from(v)).collect::<Vec<_>>())?;
+                unspilled.push(b)?;
+            }
+            let (out, out64) = (acc.finish(), acc64.finish());
+            assert!(out.exact && out64.exact);
+            if batch > 1000 {
+                // The spill was needed: without it, only a bound.
+                assert!(!unspilled.finish().exact);
+            }
+            assert_eq!(out.stats.p99, exact_p99(&all), "batch {batch}");
+            assert_eq!(out64.stats, out.stats);
+            let known: Vec<&[f32]> = batches.iter().map(|b| &b[..]).collect();
+            assert_eq!(CalibStats::collect(&known)?, out.stats);
+        }
         Ok(())
     }
 
