@@ -476,7 +476,7 @@ def test_calib_stats_total_is_checked():
     for bad in (-1, 2**64):
         with pytest.raises(fq.InvalidConfigError, match="total must be a count"):
             fq.CalibStats.collect(iter(batches), total=bad)
-    with pytest.raises(fq.InvalidConfigError, match="total.*25 values were announced"):
+    with pytest.raises(fq.InvalidConfigError, match=r"total.*25 values were announced"):
         fq.CalibStats.collect(iter(batches), total=25)
     # More announced than arrive: still exact (what more values would need is kept).
     assert fq.CalibStats.collect(iter(batches), total=np.int64(1000)) == fq.CalibStats.collect(

@@ -199,19 +199,29 @@ pub fn w8a8_matmul_with<T: Float>(
             }
             return;
         }
-        let parts: Vec<Vec<f32>> = weight_scales
+        // Each part's results go into `out` a block of tokens at a time, so
+        // besides the output no more than a block a thread is held
+        // (collecting every part first doubled the peak memory, as it did in
+        // the linear layer).
+        let out = std::sync::Mutex::new(&mut *out);
+        weight_scales
             .par_chunks(rows)
             .enumerate()
-            .map(|(p, sp)| {
-                let mut part = vec![0f32; tokens * sp.len()];
-                products(dims, from(p), sp, codes, &a_scales, &mut part, sp.len());
-                part
-            })
-            .collect();
-        for (p, part) in parts.iter().enumerate() {
-            let n = part.len() / tokens;
-            scatter(out, part, p * rows, n, dims);
-        }
+            .for_each(|(p, sp)| {
+                let mut part = Vec::new();
+                products_blocks(
+                    dims,
+                    from(p),
+                    sp,
+                    codes,
+                    &a_scales,
+                    &mut part,
+                    |t0, block| {
+                        let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                        scatter(&mut out[t0 * out_f..], block, p * rows, sp.len(), out_f);
+                    },
+                );
+            });
     });
     Ok(())
 }
@@ -318,15 +328,32 @@ fn products(
     }
 }
 
-/// Copy a part's `[tokens][rows]` results into `out[tokens][out_f]` from
+/// [`products`] a block of tokens at a time into `part` (`[block][rows]`),
+/// each block handed to `sink` with its first token.
+fn products_blocks(
+    dims: Dims,
+    w: &[i8],
+    w_scales: &[f32],
+    codes: &[i8],
+    a_scales: &[f32],
+    part: &mut Vec<f32>,
+    mut sink: impl FnMut(usize, &[f32]),
+) {
+    let Dims { isa, in_f, .. } = dims;
+    let (block, rows) = (block_tokens(in_f), w_scales.len());
+    for (b, cb) in codes.chunks(block * in_f).enumerate() {
+        let (t0, bt) = (b * block, cb.len() / in_f);
+        part.resize(bt * rows, 0.0);
+        let a_s = &a_scales[t0..t0 + bt];
+        simd::i8_products(isa, w, cb, in_f, w_scales, a_s, part, rows);
+        sink(t0, part);
+    }
+}
+
+/// Copy a block's `[tokens][rows]` results into `out[tokens][out_f]` from
 /// column `first_row`.
-fn scatter(out: &mut [f32], part: &[f32], first_row: usize, rows: usize, dims: Dims) {
-    let Dims { out_f, tokens, .. } = dims;
-    for (o, p) in out
-        .chunks_exact_mut(out_f)
-        .zip(part.chunks_exact(rows))
-        .take(tokens)
-    {
+fn scatter(out: &mut [f32], part: &[f32], first_row: usize, rows: usize, out_f: usize) {
+    for (o, p) in out.chunks_mut(out_f).zip(part.chunks_exact(rows)) {
         o[first_row..first_row + rows].copy_from_slice(p);
     }
 }
