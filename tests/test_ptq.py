@@ -555,16 +555,21 @@ def test_a_stream_whose_bound_is_the_dropped_value_is_exact_and_silent():
     assert s.p99 == float(a[math.ceil(0.99 * a.size) - 1])
 
 
-def test_a_stream_that_loses_its_early_outliers_warns_with_an_upper_bound():
+def test_a_stream_that_let_its_early_outliers_go_is_still_exact():
+    # Once an upper bound with a warning; the spill of every value now gives the
+    # exact p99 (and total= keeps just what it needs).
     import math
+    import warnings
 
     rng = np.random.default_rng(0)
     bs = [rng.standard_normal(10_000).astype(F32) * (100 if i < 2 else 1) for i in range(100)]
-    with pytest.warns(fq.PrecisionWarning, match="length was not known"):
-        s = fq.CalibStats.collect(iter(bs))
     a = np.sort(np.abs(np.concatenate(bs)))
-    assert s.p99 >= float(a[math.ceil(0.99 * a.size) - 1])
-    assert fq.CalibStats.collect(bs).p99 == float(a[math.ceil(0.99 * a.size) - 1])
+    want = float(a[math.ceil(0.99 * a.size) - 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fq.CalibStats.collect(iter(bs)).p99 == want
+        assert fq.CalibStats.collect(iter(bs), total=a.size).p99 == want
+    assert fq.CalibStats.collect(bs).p99 == want
 
 
 def test_an_accumulator_refuses_more_values_than_announced():
