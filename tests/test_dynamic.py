@@ -217,6 +217,30 @@ def test_bitnet_matches_the_seed(x, bits, per_token):
     assert fq.quantize_ste(x, cfg).tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize(
+    ("shape", "per_token", "dtype"),
+    [
+        ((3, 700_001), True, np.float32),
+        ((5, 3, 100_003), False, np.float16),
+        ((2600, 800), True, np.float64),
+    ],
+)
+def test_quantize_ste_across_slabs_is_quantize_then_dequantize(rng, shape, per_token, dtype):
+    # The fused STE holds codes for about a million values at a time: groups
+    # larger than that, a slab of several groups, every input dtype.
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    cfg = fq.BitNetConfig(6, per_token)
+    want = fq.dequantize_activations(fq.quantize_activations(x, cfg))
+    got = fq.quantize_ste(x, cfg)
+    assert got.shape == x.shape and got.dtype == np.float32
+    assert got.tobytes() == want.tobytes()
+    bad = x.copy()
+    bad.reshape(-1)[x.size - 7] = np.inf
+    with pytest.raises(fq.NonFiniteError) as e:
+        fq.quantize_ste(bad, cfg)
+    assert e.value.index == x.size - 7
+
+
 def test_bitnet_shapes_and_properties(rng):
     x = rng.standard_normal((4, 128)).astype(np.float32)
     q = fq.quantize_activations(x)

@@ -142,3 +142,23 @@ def test_w8a8_matmul_holds_no_second_output():
     peak, nbytes = peak_rss_in_child(setup, "fq.w8a8_matmul(w, s, x)")
     assert nbytes == 2048 * 4096 * 4
     assert peak <= 1.35 * nbytes, (peak, nbytes)
+
+
+def test_quantize_ste_holds_a_slab_of_codes_not_all_of_them():
+    # 4096 x 4096 float32 -> float32 (64 MiB): the codes of every value (16 MiB,
+    # 1.25x with them) are no longer held beside the output.
+    setup = (
+        "x = np.random.default_rng(0).standard_normal((4096, 4096)).astype(np.float32)\n"
+        "fq.quantize_ste(x[:8])"
+    )
+    peak, nbytes = peak_rss_in_child(setup, "fq.quantize_ste(x)")
+    assert nbytes == 4096 * 4096 * 4
+    assert peak <= 1.1 * nbytes, (peak, nbytes)
+
+
+def test_dynamic_int4_values_unpack_into_one_array():
+    q = fq.dynamic_quantize_int4(np.random.default_rng(3).standard_normal(8 * 2**20, np.float32))
+    peak, v = peak_bytes(q.values)
+    assert v.dtype == np.int8 and v.shape == (8 * 2**20,)
+    assert peak <= 1.15 * v.nbytes, (peak, v.nbytes)
+    np.testing.assert_array_equal(v[:1000] * q.scales[0], q.dequantize()[:1000])

@@ -14,6 +14,7 @@ __all__ = [
     "dequantize_blockwise",
     "dequantize_groups",
     "env_warnings",
+    "fake_quantize_bitnet",
     "fp16_bits_to_fp32",
     "fp32_to_fp16_bits",
     "get_num_threads",
@@ -90,6 +91,9 @@ def dequantize_groups(
 def quantize_bitnet(
     x: npt.NDArray[np.floating], groups: int, bits: int
 ) -> Tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
+def fake_quantize_bitnet(
+    x: npt.NDArray[np.floating], groups: int, bits: int
+) -> npt.NDArray[np.float32]: ...
 def compute_smooth_factors(
     activations: npt.NDArray[np.floating],
     weights: npt.NDArray[np.floating],

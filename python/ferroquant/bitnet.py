@@ -219,5 +219,15 @@ def dequantize_activations(q: QuantizedActivations) -> np.ndarray:
 
 
 def quantize_ste(x: Any, config: BitNetConfig = BitNetConfig()) -> np.ndarray:
-    """The straight-through estimator's forward pass: quantize, then dequantize (float32)."""
-    return dequantize_activations(quantize_activations(x, config))
+    """The straight-through estimator's forward pass: quantize, then dequantize (float32),
+    fused so that only a slab of codes (about a million) exists at a time.
+
+    Raises: as :func:`quantize_activations`.
+    """
+    if not isinstance(config, BitNetConfig):
+        raise TypeError(f"config must be a BitNetConfig, got {type(config).__name__}")
+    arr = float_input(x, "x")
+    b, s, _ = _dims(arr.shape)
+    groups = b * s if config.per_token_activation else b
+    flat = _native.fake_quantize_bitnet(arr, groups, config.activation_bits)
+    return flat.reshape(arr.shape)

@@ -207,10 +207,12 @@ class DynQuantTensor(Quantized):
         return f32_ratio(4 * self.element_count(), self.memory_bytes())
 
     def values(self) -> np.ndarray:
-        """The int8 codes in the input's shape (int4 unpacked, sign-extended)."""
-        n = self.element_count()
-        codes = unpack_int4(self.data, n) if self.format == "int4_per_tensor" else self.data
-        return np.array(codes, np.int8).reshape(self.shape)
+        """The int8 codes in the input's shape (int4 unpacked, sign-extended), as a new
+        array of the caller's own."""
+        if self.format == "int4_per_tensor":
+            # Unpacked straight into the new array (a copy of it doubled the peak).
+            return unpack_int4(self.data, self.element_count()).reshape(self.shape)
+        return np.array(self.data, np.int8).reshape(self.shape)
 
     def dequantize(self) -> np.ndarray:
         """float32 values ``code * scale`` in the input's shape."""

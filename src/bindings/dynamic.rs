@@ -157,6 +157,31 @@ pub(crate) fn quantize_bitnet<'py>(
     })
 }
 
+/// float32 `q · scale` of BitNet's codes of the C-order `x` (`groups` equal
+/// groups), without holding every code: the straight-through estimator.
+#[pyfunction]
+#[pyo3(signature = (x, groups, bits))]
+pub(crate) fn fake_quantize_bitnet<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    groups: usize,
+    bits: u32,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    bitnet::rule(bits).map_err(|e| to_pyerr(py, e))?;
+    let x = FloatArray::extract("x", x)?;
+    with_float_slice!(x, xs => {
+        let group = xs.len().checked_div(groups).unwrap_or(0);
+        let out = output::<f32>(py, xs.len())?;
+        {
+            let mut ow = writable(&out)?;
+            let os = ow.as_slice_mut()?;
+            py.detach(|| bitnet::fake_quantize_activations(xs, group, bits, os))
+                .map_err(|e| to_pyerr(py, e))?;
+        }
+        Ok(out)
+    })
+}
+
 /// Seed 002's `quantization_mae` of the flat `original` against the flat float32 `restored`.
 #[pyfunction]
 pub(crate) fn quantization_mae(
@@ -233,6 +258,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quantize_dynamic, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize_groups, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_bitnet, m)?)?;
+    m.add_function(wrap_pyfunction!(fake_quantize_bitnet, m)?)?;
     m.add_class::<CalibAccumulator>()?;
     m.add_function(wrap_pyfunction!(quantization_mae, m)?)?;
     Ok(())

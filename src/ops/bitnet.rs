@@ -113,9 +113,99 @@ pub fn quantize_activations_with<T: Float>(
     Ok(())
 }
 
+/// Elements of `x` a slab of [`fake_quantize_activations`] holds codes for
+/// (whole groups, at least one).
+const SLAB: usize = 1 << 20;
+
+/// The straight-through estimator's forward pass: `q as f32 * scale` of
+/// [`quantize_activations`] written to `out`, with codes for about a million
+/// elements held at a time (whole groups) instead of all of them: the same
+/// values as quantizing then [`dequantize_groups`](crate::ops::dynamic::dequantize_groups).
+///
+/// Errors: as [`quantize_activations`], and `ShapeMismatch` naming `out`.
+pub fn fake_quantize_activations<T: Float>(
+    x: &[T],
+    group: usize,
+    bits: u32,
+    out: &mut [f32],
+) -> Result<()> {
+    rule(bits)?;
+    let n = x.len();
+    if !n.is_multiple_of(group) {
+        return Err(QuantError::ShapeMismatch {
+            arg: "x",
+            expected: format!("whole groups of {group}"),
+            actual: format!("{n} elements"),
+        });
+    }
+    if out.len() != n {
+        return Err(QuantError::len_mismatch("out", n, out.len()));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let per = (SLAB / group).max(1) * group;
+    let mut codes = vec![0i8; per.min(n)];
+    let mut scales = vec![0f32; per.min(n) / group];
+    for (k, (xs, os)) in x.chunks(per).zip(out.chunks_mut(per)).enumerate() {
+        let (cs, ss) = (&mut codes[..xs.len()], &mut scales[..xs.len() / group]);
+        quantize_activations(xs, group, bits, cs, ss).map_err(|e| match e {
+            QuantError::NonFinite { arg, index } => QuantError::NonFinite {
+                arg,
+                index: k * per + index,
+            },
+            other => other,
+        })?;
+        crate::ops::dynamic::dequantize_groups(
+            crate::ops::dynamic::DynCodes::Int8(cs),
+            group,
+            ss,
+            os,
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fake_quantization_is_quantize_then_dequantize() -> Result<()> {
+        // Groups of 3 and of 2^20 + 5 (one a slab), bits 2..=8, an error's
+        // index counted over the whole input.
+        for group in [3usize, SLAB + 5] {
+            let n = 4 * group;
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 1000) as f32 / 97.0 - 5.0)
+                .collect();
+            for bits in [2, 5, 8] {
+                let (mut codes, mut scales) = (vec![0i8; n], vec![0f32; n / group]);
+                quantize_activations(&x, group, bits, &mut codes, &mut scales)?;
+                let mut want = vec![0f32; n];
+                crate::ops::dynamic::dequantize_groups(
+                    crate::ops::dynamic::DynCodes::Int8(&codes),
+                    group,
+                    &scales,
+                    &mut want,
+                )?;
+                let mut got = vec![0f32; n];
+                fake_quantize_activations(&x, group, bits, &mut got)?;
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+            let mut bad = x.clone();
+            bad[n - 2] = f32::NAN;
+            let mut out = vec![0f32; n];
+            assert!(matches!(
+                fake_quantize_activations(&bad, group, 8, &mut out),
+                Err(QuantError::NonFinite { index, .. }) if index == n - 2
+            ));
+        }
+        Ok(())
+    }
 
     #[test]
     fn codes_follow_the_seed_formula() -> Result<()> {
