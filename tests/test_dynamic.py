@@ -156,6 +156,35 @@ def test_quantization_mae_matches_the_seed(rng):
     assert fq.quantization_mae(d, fq.dynamic_quantize_int8(d)) < 0.005 * 12.8
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_quantization_mae_over_common_lengths_reads_codes_in_place(rng, dtype):
+    # Each value is dequantized as it is read (no float32 copy of the input's
+    # size): the same sum as against q.dequantize(), for every format, with the
+    # original longer or shorter than q and an odd int4 length.
+    import tracemalloc
+
+    x = (rng.standard_normal((37, 41)) * 4).astype(dtype)
+    for fn in FORMATS.values():
+        q = fn(x)
+        restored = q.dequantize()
+        for original in (x, x.reshape(-1)[:1000], np.concatenate([x.reshape(-1), x[0]])):
+            want = ref.quantization_mae(original, restored)
+            assert np.float32(fq.quantization_mae(original, q)).tobytes() == want.tobytes()
+    big = rng.standard_normal(4 * 2**20).astype(np.float32)
+    q = fq.dynamic_quantize_int4(big)
+    tracemalloc.start()
+    try:
+        fq.quantization_mae(big, q)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak  # the dequantized values would be 16 MiB
+    bad = np.concatenate([x.reshape(-1), [np.nan]]).astype(dtype)
+    with pytest.raises(fq.NonFiniteError) as e:
+        fq.quantization_mae(bad, fq.dynamic_quantize_int8(x))
+    assert e.value.index == x.size
+
+
 def test_errors_name_the_argument():
     with pytest.raises(fq.ShapeMismatchError, match="x2d"):
         fq.dynamic_quantize_int8_per_row(np.zeros(4, np.float32))

@@ -153,7 +153,12 @@ def ptq_read_json(
     data: bytes,
 ) -> Tuple[str, str, int, int, List[Tuple[str, npt.NDArray[np.int8], List[int], float, Any]]]: ...
 def quantization_mae(
-    original: npt.NDArray[np.generic], restored: npt.NDArray[np.float32]
+    original: npt.NDArray[np.generic],
+    data: npt.NDArray[np.generic],
+    n: int,
+    group: int,
+    scales: npt.NDArray[np.float32],
+    int4: bool,
 ) -> float: ...
 def quantization_stats(
     shapes: List[List[int]], bits: int, mode: str, granularity: str

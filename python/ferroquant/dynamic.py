@@ -310,9 +310,13 @@ def quantization_mae(original: Any, q: DynQuantTensor) -> float:
     if not isinstance(q, DynQuantTensor):
         raise TypeError(f"q must be a DynQuantTensor, got {type(q).__name__}")
     orig = float_input(original, "original").reshape(-1)  # read as f32 by the kernel
-    rec = q.dequantize().reshape(-1)
-    # The seed's iterator sum, in order in f32, in the crate (no temporary arrays).
-    return float(_native.quantization_mae(orig, rec))
+    n = q.element_count()
+    group = (q.shape[1] if q.format == "int8_per_row" else n) if n else 0
+    # The seed's iterator sum, in order in f32, of |x - code * scale|, in the crate,
+    # each value dequantized as it is read (no temporary the size of the input).
+    return float(
+        _native.quantization_mae(orig, q.data, n, group, q.scales, q.format == "int4_per_tensor")
+    )
 
 
 # -- SmoothQuant ----------------------------------------------------------------------

@@ -182,19 +182,38 @@ pub(crate) fn fake_quantize_bitnet<'py>(
     })
 }
 
-/// Seed 002's `quantization_mae` of the flat `original` against the flat float32 `restored`.
+/// Seed 002's `quantization_mae` of the flat `original` against the `n`
+/// values of `data` (int8, or int4 packed) times the scale of each one's
+/// group, without materializing them.
 #[pyfunction]
+#[pyo3(signature = (original, data, n, group, scales, int4))]
 pub(crate) fn quantization_mae(
     py: Python<'_>,
     original: &Bound<'_, PyAny>,
-    restored: &Bound<'_, PyAny>,
+    data: &Bound<'_, PyAny>,
+    n: usize,
+    group: usize,
+    scales: &Bound<'_, PyAny>,
+    int4: bool,
 ) -> PyResult<f64> {
-    let r = exact::<f32>("restored", "float32", restored)?;
-    let rs = r.as_slice()?;
+    let s = exact::<f32>("scales", "float32", scales)?;
+    let ss = s.as_slice()?;
     let x = FloatArray::extract("original", original)?;
-    with_float_slice!(x, xs => py.detach(|| dq::quantization_mae(xs, rs)))
-        .map(widen)
-        .map_err(|e| to_pyerr(py, e))
+    if int4 {
+        let d = exact::<u8>("data", "uint8", data)?;
+        let ds = d.as_slice()?;
+        with_float_slice!(x, xs => py.detach(|| {
+            dq::quantization_mae_codes(xs, DynCodes::Int4(ds), n, group, ss)
+        }))
+    } else {
+        let d = exact::<i8>("data", "int8", data)?;
+        let ds = d.as_slice()?;
+        with_float_slice!(x, xs => py.detach(|| {
+            dq::quantization_mae_codes(xs, DynCodes::Int8(ds), n, group, ss)
+        }))
+    }
+    .map(widen)
+    .map_err(|e| to_pyerr(py, e))
 }
 
 /// `CalibStats.collect`'s state: `ops::calib::CalibAccumulator` behind a

@@ -721,6 +721,88 @@ pub fn quantization_mae<T: Float>(original: &[T], restored: &[f32]) -> Result<f3
     Ok(if n == 0 { 0.0 } else { sum / n as f32 })
 }
 
+/// [`quantization_mae`] of `original` against the `len` values `codes` hold
+/// (`q as f32 * scale` of each element's group of `group`, as
+/// [`dequantize_groups`] gives them), without materializing those values:
+/// the same f32 sum, in the same order.
+///
+/// Errors: `ShapeMismatch` when `codes` or `scales` do not fit `len` and
+/// `group`; `NonFinite` naming `original`.
+pub fn quantization_mae_codes<T: Float>(
+    original: &[T],
+    codes: DynCodes<'_>,
+    len: usize,
+    group: usize,
+    scales: &[f32],
+) -> Result<f32> {
+    let _env = crate::simd::fpenv::Pinned::new();
+    let groups = if len == 0 {
+        0
+    } else {
+        len.div_ceil(group.max(1))
+    };
+    if group == 0 && len > 0 || scales.len() < groups {
+        return Err(QuantError::len_mismatch("scales", groups, scales.len()));
+    }
+    let n = original.len().min(len);
+    let sum = match codes {
+        DynCodes::Int8(c) => {
+            if c.len() != len {
+                return Err(QuantError::len_mismatch("data", len, c.len()));
+            }
+            abs_error_sum(original, n, group, scales, |i| f32::from(c[i]))?
+        }
+        DynCodes::Int4(p) => {
+            if p.len() != packed_len(len) {
+                return Err(QuantError::len_mismatch("data", packed_len(len), p.len()));
+            }
+            abs_error_sum(original, n, group, scales, |i| {
+                let nibble = (p[i / 2] >> (4 * (i % 2))) & 15;
+                f32::from((nibble ^ 8) as i8 - 8)
+            })?
+        }
+    };
+    // Values past the common length are not summed, but are still input.
+    if let Some(i) = original[n..].iter().position(|v| !v.to_f32().is_finite()) {
+        return Err(QuantError::NonFinite {
+            arg: "original",
+            index: n + i,
+        });
+    }
+    Ok(if n == 0 { 0.0 } else { sum / n as f32 })
+}
+
+/// The f32 sum, in order, of `|original[i] - code(i) * scale|` over the first
+/// `n` elements, group by group.
+fn abs_error_sum<T: Float>(
+    original: &[T],
+    n: usize,
+    group: usize,
+    scales: &[f32],
+    code: impl Fn(usize) -> f32,
+) -> Result<f32> {
+    let mut sum = 0f32;
+    let mut start = 0;
+    for &scale in scales {
+        if start >= n {
+            break;
+        }
+        let end = (start + group).min(n);
+        for (i, a) in original[start..end].iter().enumerate() {
+            let a = a.to_f32();
+            if !a.is_finite() {
+                return Err(QuantError::NonFinite {
+                    arg: "original",
+                    index: start + i,
+                });
+            }
+            sum += (a - code(start + i) * scale).abs();
+        }
+        start = end;
+    }
+    Ok(sum)
+}
+
 /// Codes to read back.
 #[derive(Debug, Clone, Copy)]
 pub enum DynCodes<'a> {
@@ -783,4 +865,52 @@ pub fn dequantize_groups(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod mae_tests {
+    use super::*;
+
+    #[test]
+    fn mae_of_codes_is_mae_of_their_values() -> Result<()> {
+        // Per row (groups of 5) and int4 per tensor (odd length), the original
+        // shorter and longer than the codes: the same f32 sum as against the
+        // dequantized values.
+        let x: Vec<f32> = (0..35)
+            .map(|i| ((i * 37) % 23) as f32 * 0.3 - 3.0)
+            .collect();
+        let (mut c8, mut s8) = (vec![0i8; 35], vec![0f32; 7]);
+        dynamic_quantize(
+            &x,
+            &[7, 5],
+            DynFormat::Int8PerRow,
+            ScaleMode::MaxAbs,
+            DynCodesMut::Int8(&mut c8),
+            &mut s8,
+        )?;
+        let (mut c4, mut s4) = (vec![0u8; packed_len(35)], vec![0f32; 1]);
+        dynamic_quantize(
+            &x,
+            &[35],
+            DynFormat::Int4PerTensor,
+            ScaleMode::MaxAbs,
+            DynCodesMut::Int4(&mut c4),
+            &mut s4,
+        )?;
+        for (codes, group, scales) in [
+            (DynCodes::Int8(&c8), 5, &s8[..]),
+            (DynCodes::Int4(&c4), 35, &s4[..]),
+        ] {
+            let mut restored = vec![0f32; 35];
+            dequantize_groups(codes, group, scales, &mut restored)?;
+            for original in [&x[..], &x[..12], &[&x[..], &[1.0, 2.0]].concat()[..]] {
+                let want = quantization_mae(original, &restored)?;
+                let got = quantization_mae_codes(original, codes, 35, group, scales)?;
+                assert_eq!(got.to_bits(), want.to_bits());
+            }
+        }
+        assert!(quantization_mae_codes(&x, DynCodes::Int8(&c8), 35, 5, &s8[..6]).is_err());
+        assert!(quantization_mae_codes(&x, DynCodes::Int4(&c4), 37, 37, &s4).is_err());
+        Ok(())
+    }
 }
