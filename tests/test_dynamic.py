@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import ml_dtypes
 import numpy as np
@@ -519,6 +520,43 @@ def test_calib_stats_stream_of_falling_magnitudes_is_exact(rng, dtype):
             want[4],
             want[5],
         )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_calib_stats_fork_mid_stream_keeps_the_parent_exact():
+    # The spill's file is shared with a child forked mid-stream (descriptor and
+    # offset): the child must not use it (its p99 becomes a warned bound), and the
+    # parent's values stay its own (found by a review: a silently wrong p99).
+    import math
+    import warnings
+
+    parent = os.getpid()
+    first = np.arange(1, 300_001, dtype=np.float32)  # past the 1 MiB buffer: on file
+
+    def gen():
+        yield first
+        pid = os.fork()
+        if pid:
+            _, status = os.waitpid(pid, 0)
+            gen.child_status = status
+        for _ in range(4):
+            yield np.full(500_000, 0.5 if pid == 0 else 0.0, np.float32)
+
+    a = np.sort(np.concatenate([first, np.zeros(2_000_000, np.float32)]))
+    want = float(a[math.ceil(0.99 * a.size) - 1])
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = fq.CalibStats.collect(gen())
+    except BaseException:
+        if os.getpid() != parent:
+            os._exit(3)
+        raise
+    if os.getpid() != parent:
+        ok = any("forked" in str(w.message) for w in caught)
+        os._exit(0 if ok else 1)
+    assert not caught and got.p99 == want
+    assert os.waitstatus_to_exitcode(gen.child_status) == 0
 
 
 def test_calib_stats_total_is_checked():

@@ -548,7 +548,8 @@ class CalibStats(Quantized):
         stream whose largest values come first can need values let go earlier,
         so every |x| also goes to a spill (4 bytes a value: 1 MiB in memory,
         then an unnamed temporary file in ``TMPDIR``), read once at the end only
-        when needed. The p99 is exact either way.
+        when needed. The p99 is exact either way; the spill's writes cost time
+        and disk on every call without ``total`` (see the README).
 
         Raises:
             TypeError: a batch is not a floating array, or ``total`` not an int.
@@ -558,8 +559,9 @@ class CalibStats(Quantized):
 
         Warns:
             PrecisionWarning: only if the spill was needed and its temporary file
-                could not be created, written or read (the error is named): the
-                p99 returned is then an upper bound.
+                could not be created, written or read, or the process forked while
+                streaming (the reason is named): the p99 returned is then an upper
+                bound.
         """
         return _collect(batches, total)
 
@@ -591,7 +593,7 @@ def _total(total: Any) -> Optional[int]:
     except TypeError:
         raise TypeError(f"total must be an int or None, got {type(total).__name__}") from None
     if not 0 <= n < 2**64:
-        raise InvalidConfigError(f"total must be a count of values (>= 0), got {n}")
+        raise InvalidConfigError(f"total must be a count of values, 0 to 2**64 - 1, got {n}")
     return n
 
 
@@ -612,21 +614,25 @@ def _collect(batches: Any, total: Any = None) -> CalibStats:
     if announced is None and isinstance(batches, (list, tuple)):
         announced = sum(_size(b, k) for k, b in enumerate(batches))
     acc = _native.CalibAccumulator(announced)
-    for k, batch in enumerate(batches):
-        try:
-            arr = float_input(batch, f"batches[{k}]")
-        except ValueError as e:  # ragged nested lists
-            raise TypeError(f"batches[{k}] must be a floating array: {e}") from None
-        before = acc.count()
-        try:
-            acc.push(arr)
-        except NonFiniteError as e:
-            i = e.index or 0
-            raise NonFiniteError(
-                f"batches[{k}] holds a non-finite value (NaN or ±inf) at flat index "
-                f"{i - before} (index {i} over all batches)",
-                i,
-            ) from None
+    try:
+        for k, batch in enumerate(batches):
+            try:
+                arr = float_input(batch, f"batches[{k}]")
+            except ValueError as e:  # ragged nested lists
+                raise TypeError(f"batches[{k}] must be a floating array: {e}") from None
+            before = acc.count()
+            try:
+                acc.push(arr)
+            except NonFiniteError as e:
+                i = e.index or 0
+                raise NonFiniteError(
+                    f"batches[{k}] holds a non-finite value (NaN or ±inf) at flat index "
+                    f"{i - before} (index {i} over all batches)",
+                    i,
+                ) from None
+    except BaseException:
+        acc.discard()  # its temporary file, now: a traceback can outlive the call
+        raise
     lo, hi, mean, std, p99, suggested, exact, spill_error = acc.finish()
     if not exact:
         warn(

@@ -251,6 +251,12 @@ impl CalibAccumulator {
         with_float_slice!(x, xs => py.detach(|| acc.push(xs))).map_err(|e| to_pyerr(py, e))
     }
 
+    /// Drop the state now (its temporary file too), not when the object goes:
+    /// an exception's traceback can keep the object alive.
+    fn discard(&mut self) {
+        self.inner = None;
+    }
+
     /// The statistics; the accumulator is spent.
     fn finish(&mut self) -> PyResult<CalibResult> {
         let acc = self.inner.take().ok_or_else(|| {

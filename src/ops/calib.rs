@@ -373,29 +373,50 @@ pub struct CalibAccumulator {
     spill: Spill,
 }
 
-/// Bit patterns held in memory before the spill goes to its file (1 MiB).
+/// Bit patterns held in memory before the spill goes to its file (1 MiB;
+/// as much again while they are written).
 const SPILL_BUFFER: usize = 1 << 18;
 
 /// Every `|x|` bit pattern of a stream, in memory up to [`SPILL_BUFFER`] and
 /// then in an unnamed temporary file (removed when it is dropped).
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Spill {
     buffer: Vec<u32>,
     /// The buffer as little-endian bytes, as written.
     bytes: Vec<u8>,
     file: Option<File>,
+    /// The process that made `file`: a forked child shares its descriptor
+    /// (and offset) with the parent, so only this process may use it.
+    owner: u32,
     /// Patterns written to `file`.
     on_file: u64,
     /// The file's error: nothing more is kept once set.
     error: Option<String>,
 }
 
+impl std::fmt::Debug for Spill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spill")
+            .field("in_memory", &self.buffer.len())
+            .field("on_file", &self.on_file)
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
 impl Spill {
     /// Keep the `|x|` bit patterns of `xs`, and count them by bin into `bins`
     /// (from the same reads, so the counts and the spill agree even if another
-    /// thread rewrites the batch meanwhile).
+    /// thread rewrites the batch meanwhile). The buffer goes to the file only
+    /// when it is full and more values come.
     fn add(&mut self, xs: &[f32], bins: &mut [u64]) {
-        for part in xs.chunks(SPILL_BUFFER) {
+        let mut rest = xs;
+        while !rest.is_empty() {
+            if self.buffer.len() >= SPILL_BUFFER {
+                self.flush();
+            }
+            let (part, tail) = rest.split_at((SPILL_BUFFER - self.buffer.len()).min(rest.len()));
+            rest = tail;
             let start = self.buffer.len();
             self.buffer
                 .extend(part.iter().map(|v| v.to_bits() & 0x7fff_ffff));
@@ -404,20 +425,36 @@ impl Spill {
             }
             if self.error.is_some() {
                 self.buffer.clear();
-            } else if self.buffer.len() >= SPILL_BUFFER {
-                self.flush();
             }
         }
     }
 
+    /// Set the error if the file belongs to another process (this one is a
+    /// forked child); true if the spill is still usable.
+    fn usable(&mut self) -> bool {
+        if self.error.is_none() && self.file.is_some() && self.owner != std::process::id() {
+            self.error = Some(
+                "the process forked while the values were kept in a temporary file, which \
+                 the parent process still uses"
+                    .into(),
+            );
+            self.file = None;
+            self.buffer = Vec::new();
+        }
+        self.error.is_none()
+    }
+
     /// Move the buffer to the file (created on first use).
     fn flush(&mut self) {
-        if self.error.is_some() || self.buffer.is_empty() {
+        if !self.usable() || self.buffer.is_empty() {
             return;
         }
         let written = match self.file.as_mut() {
             Some(f) => Ok(f),
-            None => tempfile::tempfile().map(|f| self.file.insert(f)),
+            None => tempfile::tempfile().map(|f| {
+                self.owner = std::process::id();
+                self.file.insert(f)
+            }),
         }
         .and_then(|f| {
             self.bytes.resize(4 * self.buffer.len(), 0);
@@ -440,8 +477,8 @@ impl Spill {
 
     /// Call `f` on every pattern kept, in order; the file's error, if any.
     fn visit(&mut self, mut f: impl FnMut(u32)) -> std::result::Result<(), String> {
-        if let Some(e) = &self.error {
-            return Err(e.clone());
+        if !self.usable() {
+            return Err(self.error.clone().unwrap_or_default());
         }
         if let Some(file) = self.file.as_mut() {
             let failed = |e: std::io::Error| format!("reading back the temporary file failed: {e}");
@@ -449,7 +486,7 @@ impl Spill {
             let mut bytes = vec![0u8; 4 * SPILL_BUFFER];
             let mut left = self.on_file;
             while left > 0 {
-                let n = (left as usize).min(SPILL_BUFFER);
+                let n = left.min(SPILL_BUFFER as u64) as usize;
                 file.read_exact(&mut bytes[..4 * n]).map_err(failed)?;
                 for w in bytes[..4 * n].chunks_exact(4) {
                     f(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
@@ -620,8 +657,10 @@ impl CalibAccumulator {
             }
         })?;
         if seen != count {
-            // The spill does not hold what was counted: not to be trusted.
-            return Ok(None);
+            return Err(format!(
+                "the temporary file held {seen} values of the p99's bin where {count} were \
+                 counted"
+            ));
         }
         let mut need = rank;
         for (sub, &n) in low.iter().enumerate().rev() {
@@ -833,6 +872,26 @@ mod accumulator_tests {
             (out.stats.p99, out.exact, out.spill_error),
             (0.0, true, None)
         );
+        Ok(())
+    }
+
+    #[test]
+    fn the_spill_holds_a_full_buffer_in_memory() -> Result<()> {
+        // Exactly SPILL_BUFFER values stay in memory (no file); one more, in
+        // any split, moves them to the file and the buffer never grows past it.
+        let x = vec![1.5f32; SPILL_BUFFER + 1];
+        let mut acc = CalibAccumulator::new(None);
+        acc.push(&x[..SPILL_BUFFER - 3])?;
+        acc.push(&x[..3])?;
+        assert!(acc.spill.file.is_none() && acc.spill.buffer.len() == SPILL_BUFFER);
+        acc.push(&x[..1])?;
+        assert_eq!(
+            (acc.spill.on_file, acc.spill.buffer.len()),
+            (SPILL_BUFFER as u64, 1)
+        );
+        acc.push(&x)?;
+        assert!(acc.spill.buffer.len() <= SPILL_BUFFER);
+        assert!(acc.spill.buffer.capacity() <= 2 * SPILL_BUFFER);
         Ok(())
     }
 
