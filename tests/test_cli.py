@@ -910,3 +910,36 @@ def test_a_symlink_loop_as_the_output_is_a_one_line_error(tmp_path, model):
         r = cli(*args)
         assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
         assert "Too many levels of symbolic links" in r.stderr
+
+
+def test_peak_memory_follows_the_largest_tensor_not_the_model(tmp_path):
+    # The writer used to map its whole spill while the file was written, so
+    # peak RSS grew with the model (16 tensors of 32 MiB: dequantize 630 MiB
+    # against 246 for 4). Each tensor is now read back from the spill alone.
+    code = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run([sys.executable, '-m', 'ferroquant', *sys.argv[1:]], check=True,"
+        " capture_output=True)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    rng = np.random.default_rng(5)
+    peaks = {}
+    for k in (2, 10):
+        src, q, d = (tmp_path / f"{p}{k}.safetensors" for p in ("m", "q", "d"))
+        stn.save_file(
+            {f"t{i}": rng.standard_normal((1024, 2048)).astype(np.float32) for i in range(k)},
+            str(src),
+        )
+        for args in (
+            ["quantize", str(src), "-o", str(q), "--scheme", "int8"],
+            ["dequantize", str(q), "-o", str(d)],
+        ):
+            r = subprocess.run(
+                [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
+            )
+            assert r.returncode == 0, r.stderr
+            peaks[args[0], k] = int(r.stdout) * 1024
+    for command in ("quantize", "dequantize"):
+        # Eight more 8 MiB tensors (64 MiB of input, 64 MiB restored): well under that.
+        grown = peaks[command, 10] - peaks[command, 2]
+        assert grown < 24 * 2**20, (command, peaks)

@@ -1,11 +1,12 @@
 # Hand-written stub of the native module, checked by `python -m mypy.stubtest`.
-from typing import Any, List, Optional, Tuple, final
+from typing import Any, Dict, List, Optional, Tuple, final
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "CalibAccumulator",
+    "SpillFile",
     "__version__",
     "_hold_pool_lock",
     "compute_scale",
@@ -104,6 +105,20 @@ def compute_smooth_factors(
 def smooth_in_place(
     x: npt.NDArray[np.float32], arg: str, factors: npt.NDArray[np.float32], multiply: bool
 ) -> None: ...
+
+@final
+class SpillFile:
+    def __new__(cls, dir: str) -> SpillFile: ...
+    def append(self, data: npt.NDArray[np.uint8]) -> int: ...
+    def write_safetensors(
+        self,
+        path: str,
+        tensors: List[Tuple[str, str, List[int], int, int]],
+        metadata: Optional[Dict[str, str]] = None,
+    ) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
 
 @final
 class CalibAccumulator:

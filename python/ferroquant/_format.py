@@ -139,6 +139,15 @@ def writer_dtype(arr: np.ndarray) -> str:
     return _WRITABLE[arr.dtype.newbyteorder("=").name]
 
 
+#: numpy dtype name -> the safetensors dtype tag of the file format ("F32", ...).
+_TAG_OF = {dt.name: tag for tag, dt in _TAGS.items()}
+
+
+def writer_tag(arr: np.ndarray) -> str:
+    """The safetensors dtype tag for ``arr`` (as the file format spells it)."""
+    return _TAG_OF[arr.dtype.newbyteorder("=").name]
+
+
 def _spec(arr: np.ndarray) -> TensorSpec:
     return TensorSpec(
         dtype=writer_dtype(arr),

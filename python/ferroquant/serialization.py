@@ -12,14 +12,12 @@ safetensors is validated on load and refused with
 
 from __future__ import annotations
 
-import mmap
 import os
-import tempfile
-from typing import IO, Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
-from safetensors import TensorSpec
 
+from . import _ferroquant as _native
 from . import _format
 from ._format import FORMAT_VERSION, PathLike
 
@@ -91,11 +89,13 @@ class StreamingWriter:
 
     safetensors has no streaming writer (its header, which lists every
     tensor's offsets, comes first), so each tensor's bytes are spilled to an
-    anonymous temporary file beside the destination as they are added;
-    :meth:`close` maps that file and has ``safetensors.serialize_file`` write
-    the real file from it. Peak memory is the largest tensor, not the model.
-    The destination is checked when the writer is created, so a bad output
-    path fails before any work is done.
+    unnamed temporary file beside the destination as they are added;
+    :meth:`close` has the safetensors crate write the real file, reading each
+    tensor back from the spill only when it is written. Peak memory is the
+    largest tensor, not the model (a memory map of the spill would count every
+    page of it as resident while the file is written). The destination is
+    checked when the writer is created, so a bad output path fails before any
+    work is done.
     """
 
     def __init__(self, path: PathLike, metadata: Optional[Mapping[str, str]] = None) -> None:
@@ -103,11 +103,10 @@ class StreamingWriter:
         _, real = _format.prepare_destination(path)
         self._meta = _format.user_metadata(metadata)
         try:
-            self._spill: IO[bytes] = tempfile.TemporaryFile(dir=os.path.dirname(real) or None)
+            self._spill = _native.SpillFile(os.path.dirname(real) or ".")
         except OSError as e:  # the spill sits beside the output: name the output
             raise OSError(e.errno, e.strerror, os.fspath(path)) from None
         self._index: Dict[str, Tuple[str, List[int], int, int]] = {}
-        self._offset = 0
 
     def add(self, name: str, value: Entry) -> None:
         """Append one array or quantized value."""
@@ -118,15 +117,12 @@ class StreamingWriter:
             if key in self._index:
                 raise ValueError(f"tensor name {key!r} is used twice")
         for key, arr in flat.items():
-            # Raw bytes through a uint8 view: memoryview() refuses dtypes it has no
-            # buffer format for (bfloat16), and tobytes() would copy the tensor.
+            # Raw bytes through a uint8 view (no copy of a C-contiguous tensor).
             try:
-                self._spill.write(arr.reshape(-1).view(np.uint8).data)
+                offset = self._spill.append(arr.reshape(-1).view(np.uint8))
             except OSError as e:  # the spill sits beside the output: name the output
                 raise OSError(e.errno, e.strerror, os.fspath(self._path)) from None
-            dtype = _format.writer_dtype(arr)
-            self._index[key] = (dtype, list(arr.shape), self._offset, arr.nbytes)
-            self._offset += arr.nbytes
+            self._index[key] = (_format.writer_tag(arr), list(arr.shape), offset, arr.nbytes)
         self._meta.update(meta)
 
     def close(self) -> None:
@@ -134,36 +130,19 @@ class StreamingWriter:
         if self._spill.closed:
             return
         try:
-            try:
-                self._spill.flush()
-            except OSError as e:
-                raise OSError(e.errno, e.strerror, os.fspath(self._path)) from None
-            if self._offset == 0:
-                buf = np.zeros(1, np.uint8)
-                base, mm = buf.ctypes.data, None
-            else:
-                mm = mmap.mmap(self._spill.fileno(), self._offset, access=mmap.ACCESS_READ)
-                buf = np.frombuffer(mm, np.uint8)
-                base = buf.ctypes.data
-            specs = {
-                key: TensorSpec(dtype=dt, shape=shape, data_ptr=base + off, data_len=size)
-                for key, (dt, shape, off, size) in self._index.items()
-            }
-            _format.write_tensors(self._path, specs, self._meta)
-            del buf
-            if mm is not None:
-                mm.close()
+            entries = [
+                (key, tag, shape, offset, size)
+                for key, (tag, shape, offset, size) in self._index.items()
+            ]
+            meta = self._meta or None
+            _format.write_file(
+                self._path, lambda tmp: self._spill.write_safetensors(tmp, entries, meta)
+            )
         finally:
             self._drop_spill()
 
     def _drop_spill(self) -> None:
-        # Closing flushes what is buffered; when that fails (the disk that
-        # failed a write is still full) the spill is being dropped anyway, and
-        # its error must not replace the one already raised, which names the file.
-        try:
-            self._spill.close()
-        except OSError:
-            pass
+        self._spill.close()
 
     def __enter__(self) -> StreamingWriter:
         return self

@@ -69,3 +69,17 @@ pub(crate) fn to_pyerr(py: Python<'_>, err: QuantError) -> PyErr {
 pub(crate) fn dtype_error(arg: &str, expected: &str, got: &str) -> PyErr {
     PyTypeError::new_err(format!("{arg} must have dtype {expected}, got {got}"))
 }
+
+/// An `OSError` carrying the OS error number (so Python picks the subclass and
+/// reports the cause: `File too large`, `No space left on device`).
+pub(crate) fn os_error(e: std::io::Error) -> PyErr {
+    match e.raw_os_error() {
+        Some(code) => {
+            // The system's text ("File too large"), as Python's own OSError has it.
+            let text = e.to_string();
+            let strerror = text.split(" (os error").next().unwrap_or(&text).to_string();
+            pyo3::exceptions::PyOSError::new_err((code, strerror))
+        }
+        None => PyErr::from(e),
+    }
+}

@@ -1,8 +1,14 @@
-//! File-format helpers: the safetensors header parser.
+//! File-format helpers: the safetensors header parser, and the spill a
+//! streaming writer keeps its tensors in.
 
-use super::errors::to_pyerr;
+use super::arrays::exact;
+use super::errors::{os_error, to_pyerr};
+use crate::error::QuantError;
 use crate::formats::safetensors_header::parse_header;
+use crate::formats::spilled::{self, Spilled, WriteError};
 use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::path::PathBuf;
 
 /// One tensor of a header: `(name, dtype tag, shape, start, end)`.
 type Entry = (String, String, Vec<usize>, usize, usize);
@@ -29,8 +35,89 @@ pub(crate) fn parse_safetensors_header(
     Ok((h.metadata, tensors))
 }
 
+/// `formats::spilled::SpillFile` for Python: tensors' bytes appended to an
+/// unnamed temporary file, then the safetensors file written from it one
+/// tensor at a time (the GIL released).
+#[pyclass(module = "ferroquant._ferroquant")]
+pub(crate) struct SpillFile {
+    inner: Option<spilled::SpillFile>,
+}
+
+/// One spilled tensor: `(name, safetensors dtype tag, shape, offset, length)`.
+type SpilledEntry = (String, String, Vec<usize>, u64, usize);
+
+impl SpillFile {
+    fn open(&mut self) -> PyResult<&mut spilled::SpillFile> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("the spill is closed"))
+    }
+}
+
+#[pymethods]
+impl SpillFile {
+    /// A new spill in directory `dir`.
+    #[new]
+    fn new(py: Python<'_>, dir: PathBuf) -> PyResult<Self> {
+        let inner = py
+            .detach(|| spilled::SpillFile::new_in(&dir))
+            .map_err(os_error)?;
+        Ok(SpillFile { inner: Some(inner) })
+    }
+
+    /// Append the bytes of the C-contiguous uint8 array `data`; returns their offset.
+    fn append(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let d = exact::<u8>("data", "uint8", data)?;
+        let bytes = d.as_slice()?;
+        let inner = self.open()?;
+        py.detach(|| inner.append(bytes)).map_err(os_error)
+    }
+
+    /// Write the safetensors file `path` from `tensors` and `metadata`.
+    #[pyo3(signature = (path, tensors, metadata=None))]
+    fn write_safetensors(
+        &mut self,
+        py: Python<'_>,
+        path: PathBuf,
+        tensors: Vec<SpilledEntry>,
+        metadata: Option<HashMap<String, String>>,
+    ) -> PyResult<()> {
+        let tensors: Vec<Spilled> = tensors
+            .into_iter()
+            .map(|(name, dtype, shape, offset, len)| Spilled {
+                name,
+                dtype,
+                shape,
+                offset,
+                len,
+            })
+            .collect();
+        let inner = self.open()?;
+        py.detach(|| inner.write_safetensors(&tensors, metadata, &path))
+            .map_err(|e| match e {
+                WriteError::Io(e) => os_error(e),
+                WriteError::OutOfMemory(_) => {
+                    pyo3::exceptions::PyMemoryError::new_err(e.to_string())
+                }
+                WriteError::Format(msg) => to_pyerr(py, QuantError::Format { msg }),
+            })
+    }
+
+    /// Drop the spill (its space is freed).
+    fn close(&mut self) {
+        self.inner = None;
+    }
+
+    /// Whether the spill was dropped.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_none()
+    }
+}
+
 /// Register these functions.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_safetensors_header, m)?)?;
+    m.add_class::<SpillFile>()?;
     Ok(())
 }

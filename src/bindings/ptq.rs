@@ -3,11 +3,10 @@
 //! as the Rust seed.
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
-use super::errors::to_pyerr;
+use super::errors::{os_error, to_pyerr};
 use crate::ops::ptq::{self, QuantizedModel, QuantizedModelRef, QuantizedWeightsRef};
 use crate::simd::fpenv::{narrow, widen};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArrayDyn};
-use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -115,15 +114,6 @@ pub(crate) fn ptq_write_json<'py>(
             written.map_err(|e| to_pyerr(py, e))?;
             Ok(None)
         }
-    }
-}
-
-/// An `OSError` carrying the OS error number (so Python picks the subclass and
-/// reports the cause: `File too large`, `No space left on device`).
-fn os_error(e: std::io::Error) -> PyErr {
-    match e.raw_os_error() {
-        Some(code) => PyOSError::new_err((code, e.kind().to_string())),
-        None => PyErr::from(e),
     }
 }
 
