@@ -453,6 +453,80 @@ def test_a_streaming_writer_closes_once(tmp_path):
     np.testing.assert_array_equal(fq.load(path)["a"], np.arange(3, dtype=np.float32))
 
 
+def test_a_streaming_writer_refuses_a_name_as_array_and_as_value(tmp_path):
+    # Found by a review: the file was written, and load() refused it.
+    from ferroquant.serialization import StreamingWriter
+
+    x = np.ones(64, np.float32)
+    for first, second in ((x, fq.quantize_blockwise(x)), (fq.quantize_blockwise(x), x)):
+        w = StreamingWriter(tmp_path / "n.safetensors")
+        w.add("x", first)
+        with pytest.raises(ValueError, match="used twice"):
+            w.add("x", second)
+        w.add("y", second)
+        w.close()
+        got = fq.load(tmp_path / "n.safetensors")
+        assert list(got) == ["x", "y"]
+
+
+def test_a_streaming_writer_is_left_to_its_process_after_a_fork(tmp_path):
+    # A child forked with a writer open shares its spill's descriptor: its use
+    # is refused, and the parent's file holds the parent's tensors (a review saw
+    # the child's bytes land in the parent's file).
+    import os
+
+    from ferroquant.serialization import StreamingWriter
+
+    path = tmp_path / "f.safetensors"
+    w = StreamingWriter(path)
+    w.add("a", np.full(1000, 1.0, np.float32))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            w.add("b", np.full(1000, 7.0, np.float32))
+        except OSError as e:
+            code = 0 if "forked" in str(e) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    w.add("c", np.full(1000, 3.0, np.float32))
+    w.close()
+    got = fq.load(path)
+    assert sorted(got) == ["a", "c"]
+    assert (got["a"] == 1.0).all() and (got["c"] == 3.0).all()
+
+
+def test_a_streaming_writer_serves_threads_one_call_at_a_time(tmp_path):
+    import threading
+
+    from ferroquant.serialization import StreamingWriter
+
+    w = StreamingWriter(tmp_path / "t.safetensors")
+    errors = []
+
+    def add(k: int) -> None:
+        try:
+            for i in range(20):
+                w.add(f"t{k}_{i}", np.full(20_000, k + i, np.float32))
+        except BaseException as e:  # pragma: no cover - the failure being tested
+            errors.append(e)
+
+    threads = [threading.Thread(target=add, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    w.close()
+    assert not errors
+    got = fq.load(tmp_path / "t.safetensors")
+    assert len(got) == 80 and all(
+        (got[f"t{k}_{i}"] == k + i).all() for k in range(4) for i in range(20)
+    )
+
+
 def test_a_ragged_list_is_a_type_error_naming_the_argument():
     for f in (fq.fp32_to_fp16_bits, fq.quantize, fq.dynamic_quantize_int8, fq.quantize_blockwise):
         with pytest.raises(TypeError, match="x must be a floating array"):

@@ -220,7 +220,8 @@ def dequantize_activations(q: QuantizedActivations) -> np.ndarray:
 
 def quantize_ste(x: Any, config: BitNetConfig = BitNetConfig()) -> np.ndarray:
     """The straight-through estimator's forward pass: quantize, then dequantize (float32),
-    fused so that only a slab of codes (about a million) exists at a time.
+    fused so that only a slab of codes exists at a time: about a million, or one group
+    (a token, or with ``per_token_activation=False`` a batch item) where that is more.
 
     Raises: as :func:`quantize_activations`.
     """

@@ -13,6 +13,7 @@ safetensors is validated on load and refused with
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -107,26 +108,40 @@ class StreamingWriter:
         except OSError as e:  # the spill sits beside the output: name the output
             raise OSError(e.errno, e.strerror, os.fspath(path)) from None
         self._index: Dict[str, Tuple[str, List[int], int, int]] = {}
+        self._names: set[str] = set()
+        # One call at a time: a second thread waits (the spill is not shared).
+        self._lock = threading.Lock()
 
     def add(self, name: str, value: Entry) -> None:
-        """Append one array or quantized value."""
-        if self._spill.closed:
-            raise ValueError(f"the writer of {os.fspath(self._path)!r} is closed")
-        flat, meta = _format.flatten({name: value}, None)
-        for key in flat:
-            if key in self._index:
-                raise ValueError(f"tensor name {key!r} is used twice")
-        for key, arr in flat.items():
-            # Raw bytes through a uint8 view (no copy of a C-contiguous tensor).
-            try:
-                offset = self._spill.append(arr.reshape(-1).view(np.uint8))
-            except OSError as e:  # the spill sits beside the output: name the output
-                raise OSError(e.errno, e.strerror, os.fspath(self._path)) from None
-            self._index[key] = (_format.writer_tag(arr), list(arr.shape), offset, arr.nbytes)
-        self._meta.update(meta)
+        """Append one array or quantized value (``ValueError`` for a name used before,
+        as a plain array or a quantized value)."""
+        with self._lock:
+            if self._spill.closed:
+                raise ValueError(f"the writer of {os.fspath(self._path)!r} is closed")
+            flat, meta = _format.flatten({name: value}, None)
+            if name in self._names:
+                raise ValueError(f"tensor name {name!r} is used twice")
+            for key in flat:
+                if key in self._index or key in self._names:
+                    raise ValueError(f"tensor name {key!r} is used twice")
+            for key, arr in flat.items():
+                # Raw bytes through a uint8 view (no copy of a C-contiguous tensor).
+                try:
+                    offset = self._spill.append(arr.reshape(-1).view(np.uint8))
+                except OSError as e:  # the spill sits beside the output: name the output
+                    if e.errno is None:  # not the system's (a forked child's use)
+                        raise
+                    raise OSError(e.errno, e.strerror, os.fspath(self._path)) from None
+                self._index[key] = (_format.writer_tag(arr), list(arr.shape), offset, arr.nbytes)
+            self._names.add(name)
+            self._meta.update(meta)
 
     def close(self) -> None:
         """Write the file and drop the spill (once: closing again does nothing)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._spill.closed:
             return
         try:
@@ -151,4 +166,5 @@ class StreamingWriter:
         if exc[0] is None:
             self.close()
         else:
-            self._drop_spill()
+            with self._lock:
+                self._drop_spill()

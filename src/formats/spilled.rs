@@ -57,11 +57,19 @@ pub struct Spilled {
 }
 
 /// An unnamed temporary file that tensors' bytes are appended to.
+///
+/// Only the process that made it may use it: a child forked while it is open
+/// shares its descriptor and offset with the parent, and writing or reading
+/// through it would change the parent's file, so it is refused there.
 #[derive(Debug)]
 pub struct SpillFile {
     file: File,
     len: u64,
+    owner: u32,
 }
+
+/// Dimensions a tensor may have (NumPy's limit).
+pub const MAX_NDIM: usize = 64;
 
 impl SpillFile {
     /// A new spill in `dir` (removed by the system when it is dropped).
@@ -69,7 +77,19 @@ impl SpillFile {
         Ok(SpillFile {
             file: tempfile::tempfile_in(dir)?,
             len: 0,
+            owner: std::process::id(),
         })
+    }
+
+    /// `Err` in a process other than the one that made the spill.
+    fn check_owner(&self) -> io::Result<()> {
+        if self.owner == std::process::id() {
+            Ok(())
+        } else {
+            Err(io::Error::other(
+                "the spill belongs to the process that made it (this one is a forked child)",
+            ))
+        }
     }
 
     /// Bytes appended so far.
@@ -84,6 +104,7 @@ impl SpillFile {
 
     /// Append `bytes`; returns the offset they start at.
     pub fn append(&mut self, bytes: &[u8]) -> io::Result<u64> {
+        self.check_owner()?;
         let at = self.len;
         self.file.seek(SeekFrom::Start(at))?;
         self.file.write_all(bytes)?;
@@ -92,15 +113,37 @@ impl SpillFile {
     }
 
     /// Write the safetensors file `path` holding `tensors` (read back from
-    /// this spill one at a time) and `metadata`. The crate writes a temporary
-    /// file beside `path` and renames it over `path`.
+    /// this spill one at a time) and `metadata`. The file is made under a
+    /// temporary name beside `path` and renamed over it only when every
+    /// tensor was written, so on error `path` is as it was. It gets the
+    /// temporary file's mode (0600); set another after, if wanted.
+    ///
+    /// Errors: `Format` for a name used twice or reserved (`__metadata__`), a
+    /// shape of more than [`MAX_NDIM`] dimensions, bytes outside the spill, an
+    /// unknown dtype tag, or what safetensors refuses (a length that does not
+    /// fit the shape); `Io`; `OutOfMemory` for a tensor's bytes.
     pub fn write_safetensors(
         &mut self,
         tensors: &[Spilled],
         metadata: Option<HashMap<String, String>>,
         path: &Path,
     ) -> Result<(), WriteError> {
+        self.check_owner().map_err(WriteError::Io)?;
+        let mut names = std::collections::HashSet::new();
         for t in tensors {
+            if t.name == "__metadata__" || !names.insert(t.name.as_str()) {
+                return Err(WriteError::Format(format!(
+                    "tensor name {:?} is used twice or reserved",
+                    t.name
+                )));
+            }
+            if t.shape.len() > MAX_NDIM {
+                return Err(WriteError::Format(format!(
+                    "tensor {:?} has {} dimensions, more than {MAX_NDIM}",
+                    t.name,
+                    t.shape.len()
+                )));
+            }
             if t.offset
                 .checked_add(t.len as u64)
                 .is_none_or(|end| end > self.len)
@@ -129,7 +172,20 @@ impl SpillFile {
                 ))
             })
             .collect::<Result<Vec<_>, WriteError>>()?;
-        let written = serialize_to_file(views.iter().map(|(n, v)| (*n, v)), metadata, path);
+        // The crate writes its own temporary file and renames it over the name
+        // it is given: a name of ours, renamed over `path` only on success (a
+        // failed read still leaves the crate's file complete, zero-filled).
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let partial = tempfile::Builder::new()
+            .prefix(".ferroquant-")
+            .suffix(".partial")
+            .tempfile_in(parent)
+            .map_err(WriteError::Io)?
+            .into_temp_path();
+        let written = serialize_to_file(views.iter().map(|(n, v)| (*n, v)), metadata, &partial);
         // A failed read shows as a short tensor: its error comes first.
         if let Some(e) = views.iter().find_map(|(_, v)| v.error.borrow_mut().take()) {
             return Err(e);
@@ -137,7 +193,8 @@ impl SpillFile {
         written.map_err(|e| match e {
             safetensors::SafeTensorError::IoError(e) => WriteError::Io(e),
             other => WriteError::Format(other.to_string()),
-        })
+        })?;
+        partial.persist(path).map_err(|e| WriteError::Io(e.error))
     }
 }
 
@@ -248,6 +305,37 @@ mod tests {
             spill.write_safetensors(&bad, None, &path),
             Err(WriteError::Format(_))
         ));
+        // Names twice or reserved, too many dimensions: refused (safetensors
+        // panics on a name twice).
+        let edits: [fn(&mut Vec<Spilled>); 3] = [
+            |t| t[1].name = "a".into(),
+            |t| t[1].name = "__metadata__".into(),
+            |t| t[1].shape = vec![1; MAX_NDIM + 1],
+        ];
+        for edit in edits {
+            let mut bad = tensors.to_vec();
+            edit(&mut bad);
+            assert!(matches!(
+                spill.write_safetensors(&bad, None, &path),
+                Err(WriteError::Format(_))
+            ));
+        }
+        // The file written first is still there, whole.
+        assert_eq!(std::fs::read(&path).map_err(WriteError::Io)?, bytes);
+        // A failed read back (bytes the spill lost) leaves `path` as it was,
+        // and no temporary file behind.
+        spill.file.set_len(8).map_err(WriteError::Io)?;
+        assert!(matches!(
+            spill.write_safetensors(&tensors, None, &path),
+            Err(WriteError::Io(_))
+        ));
+        assert_eq!(std::fs::read(&path).map_err(WriteError::Io)?, bytes);
+        assert_eq!(
+            std::fs::read_dir(dir.path())
+                .map_err(WriteError::Io)?
+                .count(),
+            1
+        );
         Ok(())
     }
 }
