@@ -183,6 +183,15 @@ class QuantizedActivations(Quantized):
         return f"per_token={self.per_token}, bits={self.bits}{src}"
 
 
+def _groups(x: Any, config: Any) -> Tuple[np.ndarray, int]:
+    """``x`` ready for the kernels, and how many groups (scales) ``config`` makes of it."""
+    if not isinstance(config, BitNetConfig):
+        raise TypeError(f"config must be a BitNetConfig, got {type(config).__name__}")
+    arr = float_input(x, "x")
+    b, s, _ = _dims(arr.shape)
+    return arr, b * s if config.per_token_activation else b
+
+
 def quantize_activations(x: Any, config: BitNetConfig = BitNetConfig()) -> QuantizedActivations:
     """Per-token (or per batch item) max-abs quantization of ``[batch, hidden]`` or
     ``[batch, seq, hidden]`` activations.
@@ -192,11 +201,7 @@ def quantize_activations(x: Any, config: BitNetConfig = BitNetConfig()) -> Quant
         InvalidConfigError: ``x`` is not 2-D or 3-D.
         NonFiniteError: ``x`` holds NaN or an infinity.
     """
-    if not isinstance(config, BitNetConfig):
-        raise TypeError(f"config must be a BitNetConfig, got {type(config).__name__}")
-    arr = float_input(x, "x")
-    b, s, _ = _dims(arr.shape)
-    groups = b * s if config.per_token_activation else b
+    arr, groups = _groups(x, config)
     data, scales = _native.quantize_bitnet(arr, groups, config.activation_bits)
     return QuantizedActivations._trusted(
         data=readonly(data.reshape(arr.shape)),
@@ -225,10 +230,6 @@ def quantize_ste(x: Any, config: BitNetConfig = BitNetConfig()) -> np.ndarray:
 
     Raises: as :func:`quantize_activations`.
     """
-    if not isinstance(config, BitNetConfig):
-        raise TypeError(f"config must be a BitNetConfig, got {type(config).__name__}")
-    arr = float_input(x, "x")
-    b, s, _ = _dims(arr.shape)
-    groups = b * s if config.per_token_activation else b
+    arr, groups = _groups(x, config)
     flat = _native.fake_quantize_bitnet(arr, groups, config.activation_bits)
     return flat.reshape(arr.shape)
