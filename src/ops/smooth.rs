@@ -189,6 +189,8 @@ fn first_non_finite(x: &[f32]) -> Option<usize> {
 /// error: `ShapeMismatch`, `NonFinite` (naming `a` or `s`), `InvalidConfig`
 /// for a factor <= 0.
 pub fn smooth_activations(a: &mut [f32], s: &[f32]) -> Result<()> {
+    // A caller's flush-to-zero flags would zero subnormal quotients.
+    let _env = crate::simd::fpenv::Pinned::new();
     check_factors(a.len(), s, "a")?;
     if let Some(index) = first_non_finite(a) {
         return Err(QuantError::NonFinite { arg: "a", index });
@@ -203,6 +205,7 @@ pub fn smooth_activations(a: &mut [f32], s: &[f32]) -> Result<()> {
 
 /// `w[i, j] *= s[j]` in place; errors as [`smooth_activations`] (naming `w`).
 pub fn smooth_weights(w: &mut [f32], s: &[f32]) -> Result<()> {
+    let _env = crate::simd::fpenv::Pinned::new();
     check_factors(w.len(), s, "w")?;
     if let Some(index) = first_non_finite(w) {
         return Err(QuantError::NonFinite { arg: "w", index });
@@ -242,6 +245,26 @@ mod tests {
         assert!(smooth_weights(&mut w, &[2.0, 2.0]).is_err());
         assert!(smooth_weights(&mut w, &[2.0, 0.0, 1.0]).is_err());
         assert_eq!(w, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn a_callers_flush_to_zero_flags_change_nothing() {
+        // 1e-40 / 2 and 1e-40 * 2 are subnormal: FTZ/DAZ would make both 0.
+        std::thread::spawn(|| {
+            crate::simd::fpenv::set_flush_denormals(true);
+            // black_box: constants folded at compile time ignore the flags.
+            let (mut a, mut w) = std::hint::black_box(([1e-40f32, 3.0], [1e-40f32, 3.0]));
+            let s = std::hint::black_box([2.0f32, 2.0]);
+            smooth_activations(&mut a, &s).unwrap();
+            smooth_weights(&mut w, &s).unwrap();
+            let keep = std::hint::black_box(1e-40f32);
+            crate::simd::fpenv::set_flush_denormals(false);
+            assert_eq!(a[0].to_bits(), (keep / 2.0).to_bits());
+            assert_eq!(w[0].to_bits(), (keep * 2.0).to_bits());
+            assert!(a[0] > 0.0 && w[0] > 0.0);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
