@@ -65,6 +65,8 @@ pub fn main() -> Result<(), QuantError> {
         shape,
         scales: &s64,
         zero_points: &zp,
+        // The weight came from float32: it dequantizes to f32.
+        dequant_f64: false,
     };
     let mut out = vec![0f32; tokens * shape[0]];
     linear_forward(&w, &acts, tokens, None, &mut out)?;

@@ -231,3 +231,22 @@ def test_sums_that_leave_float32_only_in_a_fixed_order_are_redone():
     # A product that truly leaves float32 stays inf.
     over = np.array([[3e38, 3e38, 3e38]], np.float32)
     assert np.all(np.isinf(layer.forward(over)))
+
+
+def test_float64_weights_past_float32_keep_their_float64_values():
+    # An adversarial review: a float64 weight holding +1e39 and -1e39 gave NaN, where
+    # x @ dequantize(W).T (float64 values, as dequantize returns them) is finite.
+    w = np.linspace(-1, 1, 37)
+    w[5], w[6] = 1e39, -1e39
+    layer = fq.QuantizedLinear.from_linear(w.reshape(1, -1), np.array([0.5], np.float32))
+    deq = fq.dequantize(layer.weight_quantized)
+    assert deq.dtype == np.float64 and deq[0, 5] == 1e39
+    for tokens in (1, 9):
+        for x6 in (1.0, 0.5):  # cancelling: finite; not cancelling: past float32, inf
+            x = np.ones((tokens, 37), np.float32)
+            x[:, 6] = x6
+            with np.errstate(over="ignore"):
+                want = (x.astype(np.float64) @ deq.T + 0.5).astype(np.float32)
+            got = layer.forward(x)
+            assert np.isfinite(want).all() == (x6 == 1.0)
+            np.testing.assert_array_equal(got, want)

@@ -467,6 +467,7 @@ class QuantizedLinear:
             kernel_layout(arr).reshape(-1),
             tokens,
             self._bias,
+            q.dtype == "float64",
         )
         return flat.reshape(*lead, out_f)
 

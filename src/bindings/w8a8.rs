@@ -55,9 +55,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// Flat float32 `[tokens, out_features]`: `x @ dequant(W).T + bias` for an
 /// int8 (`bits == 8`) or packed int4 weight with `scales` / `zero_points`
-/// (`out_features` of each, or one), never materializing the float weight.
+/// (`out_features` of each, or one), never materializing the float weight;
+/// `dequant_f64` for a weight from a float64 tensor (see `QuantizedWeight`).
 #[pyfunction]
-#[pyo3(signature = (codes, bits, out_features, in_features, scales, zero_points, x, tokens, bias))]
+#[pyo3(signature = (codes, bits, out_features, in_features, scales, zero_points, x, tokens, bias, dequant_f64))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_forward<'py>(
     py: Python<'py>,
@@ -70,6 +71,7 @@ pub(crate) fn linear_forward<'py>(
     x: &Bound<'py, PyAny>,
     tokens: usize,
     bias: Option<&Bound<'py, PyAny>>,
+    dequant_f64: bool,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let s = exact::<f64>("scales", "float64", scales)?;
     let z = exact::<f64>("zero_points", "float64", zero_points)?;
@@ -90,6 +92,7 @@ pub(crate) fn linear_forward<'py>(
         shape: [out_features, in_features],
         scales: s.as_slice()?,
         zero_points: z.as_slice()?,
+        dequant_f64,
     };
     let (xs, bs) = (
         xa.as_slice()?,

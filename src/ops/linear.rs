@@ -56,6 +56,11 @@ pub struct QuantizedWeight<'a> {
     pub scales: &'a [f64],
     /// Zero points, as many as scales.
     pub zero_points: &'a [f64],
+    /// Whether the weight dequantizes to float64 (it came from a float64
+    /// tensor, so `dequantize` keeps its f64 values): a value past f32's
+    /// range then counts at its f64 value. Otherwise the weight is
+    /// `dequantize::<f32>`'s, where such a value is ±inf.
+    pub dequant_f64: bool,
 }
 
 /// `out[t, o] = Σ_i x[t, i] · dequant(W)[o, i] + bias[o]` for `tokens` rows
@@ -330,7 +335,10 @@ impl Job<'_> {
     /// Output `r` for one token `xt` in f64: `Σ x · dequant(w)` with the
     /// weight dequantized exactly as `dequantize` does (f64, rounded once to
     /// f32), plus the bias, rounded once. For the rare outputs whose f32 sum
-    /// left the range.
+    /// left the range. With [`QuantizedWeight::dequant_f64`] a value past
+    /// f32's range keeps its f64 value instead of becoming ±inf (terms of
+    /// both signs near 1e39 then cancel rather than make NaN); every other
+    /// value is within half an f32 ulp of its f64 one either way.
     fn exact(&self, r: usize, xt: &[f32]) -> f32 {
         let in_f = self.w.shape[1];
         let (scale, zp) = self.params(r);
@@ -347,7 +355,16 @@ impl Job<'_> {
         let sum: f64 = xt
             .iter()
             .enumerate()
-            .map(|(i, &v)| v as f64 * ((code(i) - zp) * scale) as f32 as f64)
+            .map(|(i, &v)| {
+                let d = (code(i) - zp) * scale;
+                let d32 = d as f32;
+                let w = if d32.is_finite() || !self.w.dequant_f64 {
+                    d32 as f64
+                } else {
+                    d
+                };
+                v as f64 * w
+            })
             .sum();
         (sum + self.bias.map_or(0.0, |b| b[r] as f64)) as f32
     }

@@ -35,6 +35,7 @@ fn linear_output_length_is_checked_without_overflow() {
         shape: [2, 0],
         scales: &[1.0],
         zero_points: &[0.0],
+        dequant_f64: false,
     };
     let e = linear_forward(&w, &[], usize::MAX / 2 + 1, None, &mut []).unwrap_err();
     assert_eq!(arg_of(e), ("shape", "out"));

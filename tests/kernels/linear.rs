@@ -256,6 +256,7 @@ fn forward_is_within_f32_rounding_on_both_paths() {
                         shape: [o, i],
                         scales: &scales,
                         zero_points: &zps,
+                        dequant_f64: false,
                     };
                     let mut first: Option<Vec<f32>> = None;
                     for isa in Isa::supported() {
@@ -291,6 +292,7 @@ fn forward_does_not_depend_on_the_thread_count() {
         shape: [o, i],
         scales: &scales,
         zero_points: &zps,
+        dequant_f64: false,
     };
     for tokens in [1usize, 2 * GEMM_MIN_TOKENS] {
         let x = floats(tokens * i, 8);
@@ -325,6 +327,7 @@ fn forward_is_within_f32_rounding_at_the_edges_of_the_range() {
             shape: [o, i],
             scales: &scales,
             zero_points: &zps,
+            dequant_f64: false,
         };
         for isa in Isa::supported() {
             let mut out = vec![f32::NAN; o];
@@ -334,6 +337,56 @@ fn forward_is_within_f32_rounding_at_the_edges_of_the_range() {
                     g.is_finite() && (g as f64 - e).abs() <= b,
                     "scale {scale} |x| {magnitude} {isa:?} [{j}]: {g} vs {e} (bound {b})"
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn weights_past_the_f32_range_sum_to_their_true_value() {
+    // A float64 weight's scale can put dequantized values past f32::MAX
+    // (1e39 / 127 per code step). The f32 paths see ±inf there; the outputs
+    // they touch are redone in f64, with the f64 values when the weight
+    // dequantizes to float64, so +1e39 and -1e39 cancel instead of making
+    // NaN, and a sum past f32's range is ±inf.
+    let (o, i) = (3usize, 37usize);
+    let scale = 1e39f64 / 127.0;
+    let mut q = vec![0i8; o * i];
+    (q[5], q[6]) = (127, -127); // row 0: +1e39 and -1e39 cancel
+    q[i + 5] = 127; // row 1: +1e39 alone overflows
+    (q[2 * i + 5], q[2 * i + 6]) = (127, -127); // row 2: cancels, plus 0.5 · scale
+    q[2 * i + 9] = 1;
+    let (scales, zps) = (vec![scale], vec![0.0f64]);
+    for (tokens, dequant_f64) in [1usize, 2 * GEMM_MIN_TOKENS]
+        .into_iter()
+        .flat_map(|t| [(t, true), (t, false)])
+    {
+        let w = QuantizedWeight {
+            codes: WeightCodes::Int8(&q),
+            shape: [o, i],
+            scales: &scales,
+            zero_points: &zps,
+            dequant_f64,
+        };
+        let mut x = vec![1.0f32; tokens * i];
+        for t in 0..tokens {
+            x[t * i + 9] = 0.5;
+        }
+        let bias = [0.25f32, 0.0, -1.0];
+        for isa in Isa::supported() {
+            let mut out = vec![f32::NAN; tokens * o];
+            linear_forward_with(isa, &w, &x, tokens, Some(&bias), &mut out).unwrap();
+            for t in 0..tokens {
+                let y = &out[t * o..(t + 1) * o];
+                let at = format!("{isa:?} tokens {tokens} f64 {dequant_f64}");
+                assert_eq!(y[1], f32::INFINITY, "{at}");
+                if dequant_f64 {
+                    assert_eq!(y[0], 0.25, "{at}");
+                    assert_eq!(y[2], (0.5 * scale - 1.0) as f32, "{at}");
+                } else {
+                    // dequantize::<f32> holds +inf and -inf: their sum is NaN.
+                    assert!(y[0].is_nan() && y[2].is_nan(), "{at}");
+                }
             }
         }
     }
