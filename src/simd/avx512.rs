@@ -305,6 +305,79 @@ unsafe fn scaled_run(
     }
 }
 
+/// `quantize_scaled_then_absmax` in one loop: each 64-value step codes 64
+/// values of `x` (a row read from cache), folds 64 values of `next` (the
+/// next row, streaming from memory) into the max of |next|'s bits and
+/// prefetches four lines of `ahead` (the row after) into L2, so the memory
+/// reads run under the coding instead of between rows. A streamed `out` is
+/// first aligned by a masked head; what the steps leave over (a tail of
+/// `x`, a longer `next`) goes through `scaled_run` and `absmax_bits`.
+#[inline(always)]
+unsafe fn fused_rows<K: Kernels>(
+    x: &[f32],
+    scale: f32,
+    clip: f32,
+    out: &mut [i8],
+    store: Store,
+    next: &[f32],
+    ahead: &[f32],
+) -> u32 {
+    let n = x.len().min(out.len());
+    let (x, out) = (&x[..n], &mut out[..n]);
+    let head = match store {
+        Store::Streaming => head_to_align(out.as_ptr() as usize, 64, 1, n),
+        Store::Cached => 0,
+    };
+    let steps = ((n - head) / 64).min(next.len() / 64);
+    let (xh, xb) = x.split_at(head);
+    let (oh, ob) = out.split_at_mut(head);
+    let (xb, xr) = xb.split_at(64 * steps);
+    let (ob, or) = ob.split_at_mut(64 * steps);
+    let (nb, nr) = next.split_at(64 * steps);
+    let ahead_rest = &ahead[(64 * steps).min(ahead.len())..];
+    let mut lines = ahead.chunks(16);
+    // SAFETY: AVX-512F/BW/DQ per the Kernels contract; each step reads 64
+    // floats of `xb` and `nb` and writes 64 bytes of `ob` (equal lengths of
+    // 64 · `steps`); a streamed `ob` starts on a 64-byte boundary (the head
+    // aligned it) and is fenced before the rest is coded. Prefetches only
+    // name addresses inside `ahead`. The head and the rest go through
+    // `scaled_run` and `K::absmax_bits`, which keep their own contracts.
+    unsafe {
+        scaled_run(xh, scale, clip, oh, Store::Cached, &[]);
+        let s = _mm512_set1_ps(scale);
+        let (lo, hi) = clip_bytes(clip);
+        let recip = 1.0 / scale;
+        let fast = scale.is_normal() && recip.is_normal();
+        let r = _mm512_set1_ps(recip);
+        let abs = _mm512_set1_epi32(0x7fff_ffff);
+        let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        let (xp, op, np) = (xb.as_ptr(), ob.as_mut_ptr(), nb.as_ptr());
+        for i in 0..steps {
+            for line in (&mut lines).take(4) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let p = np.add(64 * i);
+            let v0 = _mm512_and_si512(_mm512_loadu_si512(p.cast()), abs);
+            let v1 = _mm512_and_si512(_mm512_loadu_si512(p.add(16).cast()), abs);
+            let v2 = _mm512_and_si512(_mm512_loadu_si512(p.add(32).cast()), abs);
+            let v3 = _mm512_and_si512(_mm512_loadu_si512(p.add(48).cast()), abs);
+            a0 = _mm512_max_epu32(a0, _mm512_max_epu32(v0, v2));
+            a1 = _mm512_max_epu32(a1, _mm512_max_epu32(v1, v3));
+            let q = quant64(xp.add(64 * i), s, r, fast, lo, hi);
+            match store {
+                Store::Streaming => _mm512_stream_si512(op.add(64 * i).cast(), q),
+                Store::Cached => _mm512_storeu_si512(op.add(64 * i).cast(), q),
+            }
+        }
+        if matches!(store, Store::Streaming) && steps > 0 {
+            _mm_sfence();
+        }
+        scaled_run(xr, scale, clip, or, store, ahead_rest);
+        let m = _mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
+        m.max(K::absmax_bits(nr))
+    }
+}
+
 /// Affine codes of 8 f64 lanes as i32 lanes, exactly as `scalar::affine_one`:
 /// a multiply, then an add (never fused), round half away from zero, clamp.
 #[inline(always)]
@@ -1519,6 +1592,30 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     }
 
     #[inline(always)]
+    unsafe fn absmax_bits_ahead(x: &[f32], ahead: &[f32]) -> u32 {
+        let mut lines = ahead.chunks(16);
+        let mut pairs = x.chunks_exact(32);
+        // SAFETY: AVX-512F per the Kernels contract; full chunks from
+        // chunks_exact, the rest through `absmax_bits`; prefetches only name
+        // addresses inside `ahead`, two lines for every 32 values read.
+        unsafe {
+            let abs = _mm512_set1_epi32(0x7fff_ffff);
+            let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            for c in &mut pairs {
+                for line in (&mut lines).take(2) {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                }
+                let v0 = _mm512_loadu_epi32(c.as_ptr().cast());
+                let v1 = _mm512_loadu_epi32(c.as_ptr().add(16).cast());
+                a0 = _mm512_max_epu32(a0, _mm512_and_si512(v0, abs));
+                a1 = _mm512_max_epu32(a1, _mm512_and_si512(v1, abs));
+            }
+            let m = _mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
+            m.max(Self::absmax_bits(pairs.remainder()))
+        }
+    }
+
+    #[inline(always)]
     unsafe fn shifted_moments(x: &[f32], k: f64) -> (f64, f64) {
         // SAFETY: AVX-512F per the Kernels contract; loads read inside `x` (full
         // chunks, the tail through masks). Lanes 0..8 and 8..16 of the scalar
@@ -1611,6 +1708,20 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     unsafe fn quantize_scaled(x: &[f32], scale: f32, clip: f32, out: &mut [i8], store: Store) {
         // SAFETY: forwarded from this function's contract.
         unsafe { scaled_run(x, scale, clip, out, store, &[]) }
+    }
+
+    #[inline(always)]
+    unsafe fn quantize_scaled_then_absmax(
+        x: &[f32],
+        scale: f32,
+        clip: f32,
+        out: &mut [i8],
+        store: Store,
+        next: &[f32],
+        ahead: &[f32],
+    ) -> u32 {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { fused_rows::<Self>(x, scale, clip, out, store, next, ahead) }
     }
 
     #[inline(always)]

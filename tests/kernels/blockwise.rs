@@ -335,6 +335,30 @@ fn fused_codes_and_next_max_match_scalar() {
 /// hold for (every step redone), fused with the next row's max and alone,
 /// cached and streamed.
 #[test]
+fn absmax_with_a_prefetch_matches_scalar() {
+    // absmax_bits_ahead reads x as absmax_bits does and only prefetches
+    // `ahead` (any length, empty included): the bits, NaN and infinities too.
+    let mut x = adversarial(300, 11);
+    let ahead = near_ties(300, 1.0, 2);
+    for isa in Isa::supported() {
+        for n in [0usize, 1, 15, 16, 31, 32, 33, 63, 64, 65, 100, 257, 300] {
+            for poison in [None, Some(f32::NAN), Some(f32::INFINITY)] {
+                let saved = x[n / 2];
+                if let (Some(p), true) = (poison, n > 0) {
+                    x[n / 2] = p;
+                }
+                let want = simd::absmax_bits(Isa::Scalar, &x[..n]);
+                for a in [0usize, 1, 40, 300] {
+                    let got = simd::absmax_bits_ahead(isa, &x[..n], &ahead[..a]);
+                    assert_eq!(got, want, "{isa:?} n {n} ahead {a} {poison:?}");
+                }
+                x[n / 2] = saved;
+            }
+        }
+    }
+}
+
+#[test]
 fn long_rows_with_near_ties_in_every_block_match_scalar() {
     let n = 3 * 8192 + 100;
     for (k, &scale) in [0.37f32, 1.0e-39, 3.0e38, 1.0 / 127.0].iter().enumerate() {
