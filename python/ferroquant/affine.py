@@ -441,7 +441,10 @@ class QuantizedLinear:
         few tokens take dot products that dequantize codes as they go; from 8 tokens on,
         panels of rows (up to 8 MiB of float32, at most a quarter of the weight) are
         dequantized exactly and multiplied by a blocked GEMM. Within float32 rounding of
-        the unfused product, in a fixed order.
+        the unfused product, in a fixed order. A float16 or bfloat16 weight is used at
+        its float32-rounded values (closer to the exact ``(q - zp) * scale`` than
+        :func:`dequantize`'s float16/bfloat16 output), so the result can differ from
+        ``x @ dequantize(W).T`` by that dtype's rounding of each weight.
 
         Raises:
             ShapeMismatchError: ``x``'s last dimension is not ``in_features``.

@@ -59,7 +59,8 @@ pub struct QuantizedWeight<'a> {
     /// Whether the weight dequantizes to float64 (it came from a float64
     /// tensor, so `dequantize` keeps its f64 values): a value past f32's
     /// range then counts at its f64 value. Otherwise the weight is
-    /// `dequantize::<f32>`'s, where such a value is ±inf.
+    /// `dequantize::<f32>`'s, where such a value is ±inf. (A weight from
+    /// f16/bf16 is also taken at its f32 values, not rounded to its dtype.)
     pub dequant_f64: bool,
 }
 
