@@ -245,6 +245,42 @@ unsafe fn quant64(
     }
 }
 
+/// The broadcast parameters of the scaled codes for one scale and clip:
+/// `s` for division, `r = 1/s` for the reciprocal shortcut (which holds only
+/// where `fast`: a normal scale and reciprocal), the clamp's byte bounds.
+struct ScaledLanes {
+    s: __m512,
+    r: __m512,
+    fast: bool,
+    lo: __m512i,
+    hi: __m512i,
+}
+
+impl ScaledLanes {
+    #[inline(always)]
+    unsafe fn new(scale: f32, clip: f32) -> Self {
+        let recip = 1.0 / scale;
+        // SAFETY: AVX-512F per the caller (the Kernels contract).
+        unsafe {
+            let (lo, hi) = clip_bytes(clip);
+            ScaledLanes {
+                s: _mm512_set1_ps(scale),
+                r: _mm512_set1_ps(recip),
+                fast: scale.is_normal() && recip.is_normal(),
+                lo,
+                hi,
+            }
+        }
+    }
+
+    /// 64 codes of the 64 floats at `x` (see `quant64`).
+    #[inline(always)]
+    unsafe fn codes64(&self, x: *const f32) -> __m512i {
+        // SAFETY: the caller guarantees 64 readable floats at `x` and AVX-512F/BW/DQ.
+        unsafe { quant64(x, self.s, self.r, self.fast, self.lo, self.hi) }
+    }
+}
+
 /// `quantize_scaled` over one run, prefetching `ahead` into L2 at the rate the
 /// run consumes its input (four lines for every 64 elements coded).
 #[inline(always)]
@@ -265,12 +301,8 @@ unsafe fn scaled_run(
     // chunks only (the head aligns them) and are fenced before returning.
     // Prefetches only name addresses inside `ahead`.
     unsafe {
-        let s = _mm512_set1_ps(scale);
-        let (lo, hi) = clip_bytes(clip);
-        // The reciprocal shortcut needs a normal scale and reciprocal.
-        let recip = 1.0 / scale;
-        let fast = scale.is_normal() && recip.is_normal();
-        let r = _mm512_set1_ps(recip);
+        let lanes = ScaledLanes::new(scale, clip);
+        let (s, lo, hi) = (lanes.s, lanes.lo, lanes.hi);
         let head = match store {
             Store::Streaming => head_to_align(out.as_ptr() as usize, 64, 1, n),
             Store::Cached => 0,
@@ -287,7 +319,7 @@ unsafe fn scaled_run(
             for line in (&mut ahead).take(4) {
                 _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
             }
-            let q = quant64(c.as_ptr(), s, r, fast, lo, hi);
+            let q = lanes.codes64(c.as_ptr());
             match store {
                 Store::Streaming => _mm512_stream_si512(o.as_mut_ptr().cast(), q),
                 Store::Cached => _mm512_storeu_si512(o.as_mut_ptr().cast(), q),
@@ -302,79 +334,6 @@ unsafe fn scaled_run(
             let q = quant16(_mm512_maskz_loadu_ps(k, c.as_ptr()), s, lo, hi);
             _mm_mask_storeu_epi8(o.as_mut_ptr().cast(), k, q);
         }
-    }
-}
-
-/// `quantize_scaled_then_absmax` in one loop: each 64-value step codes 64
-/// values of `x` (a row read from cache), folds 64 values of `next` (the
-/// next row, streaming from memory) into the max of |next|'s bits and
-/// prefetches four lines of `ahead` (the row after) into L2, so the memory
-/// reads run under the coding instead of between rows. A streamed `out` is
-/// first aligned by a masked head; what the steps leave over (a tail of
-/// `x`, a longer `next`) goes through `scaled_run` and `absmax_bits`.
-#[inline(always)]
-unsafe fn fused_rows<K: Kernels>(
-    x: &[f32],
-    scale: f32,
-    clip: f32,
-    out: &mut [i8],
-    store: Store,
-    next: &[f32],
-    ahead: &[f32],
-) -> u32 {
-    let n = x.len().min(out.len());
-    let (x, out) = (&x[..n], &mut out[..n]);
-    let head = match store {
-        Store::Streaming => head_to_align(out.as_ptr() as usize, 64, 1, n),
-        Store::Cached => 0,
-    };
-    let steps = ((n - head) / 64).min(next.len() / 64);
-    let (xh, xb) = x.split_at(head);
-    let (oh, ob) = out.split_at_mut(head);
-    let (xb, xr) = xb.split_at(64 * steps);
-    let (ob, or) = ob.split_at_mut(64 * steps);
-    let (nb, nr) = next.split_at(64 * steps);
-    let ahead_rest = &ahead[(64 * steps).min(ahead.len())..];
-    let mut lines = ahead.chunks(16);
-    // SAFETY: AVX-512F/BW/DQ per the Kernels contract; each step reads 64
-    // floats of `xb` and `nb` and writes 64 bytes of `ob` (equal lengths of
-    // 64 · `steps`); a streamed `ob` starts on a 64-byte boundary (the head
-    // aligned it) and is fenced before the rest is coded. Prefetches only
-    // name addresses inside `ahead`. The head and the rest go through
-    // `scaled_run` and `K::absmax_bits`, which keep their own contracts.
-    unsafe {
-        scaled_run(xh, scale, clip, oh, Store::Cached, &[]);
-        let s = _mm512_set1_ps(scale);
-        let (lo, hi) = clip_bytes(clip);
-        let recip = 1.0 / scale;
-        let fast = scale.is_normal() && recip.is_normal();
-        let r = _mm512_set1_ps(recip);
-        let abs = _mm512_set1_epi32(0x7fff_ffff);
-        let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-        let (xp, op, np) = (xb.as_ptr(), ob.as_mut_ptr(), nb.as_ptr());
-        for i in 0..steps {
-            for line in (&mut lines).take(4) {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-            }
-            let p = np.add(64 * i);
-            let v0 = _mm512_and_si512(_mm512_loadu_si512(p.cast()), abs);
-            let v1 = _mm512_and_si512(_mm512_loadu_si512(p.add(16).cast()), abs);
-            let v2 = _mm512_and_si512(_mm512_loadu_si512(p.add(32).cast()), abs);
-            let v3 = _mm512_and_si512(_mm512_loadu_si512(p.add(48).cast()), abs);
-            a0 = _mm512_max_epu32(a0, _mm512_max_epu32(v0, v2));
-            a1 = _mm512_max_epu32(a1, _mm512_max_epu32(v1, v3));
-            let q = quant64(xp.add(64 * i), s, r, fast, lo, hi);
-            match store {
-                Store::Streaming => _mm512_stream_si512(op.add(64 * i).cast(), q),
-                Store::Cached => _mm512_storeu_si512(op.add(64 * i).cast(), q),
-            }
-        }
-        if matches!(store, Store::Streaming) && steps > 0 {
-            _mm_sfence();
-        }
-        scaled_run(xr, scale, clip, or, store, ahead_rest);
-        let m = _mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
-        m.max(K::absmax_bits(nr))
     }
 }
 
@@ -1710,6 +1669,13 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
         unsafe { scaled_run(x, scale, clip, out, store, &[]) }
     }
 
+    /// `quantize_scaled_then_absmax` in one loop: each 64-value step codes 64
+    /// values of `x` (a row read from cache), folds 64 values of `next` (the
+    /// next row, streaming from memory) into the max of |next|'s bits and
+    /// prefetches four lines of `ahead` (the row after) into L2, so the memory
+    /// reads run under the coding instead of between rows. A streamed `out` is
+    /// first aligned by a masked head; what the steps leave over (a tail of
+    /// `x`, a longer `next`) goes through `scaled_run` and `absmax_bits`.
     #[inline(always)]
     unsafe fn quantize_scaled_then_absmax(
         x: &[f32],
@@ -1720,8 +1686,56 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
         next: &[f32],
         ahead: &[f32],
     ) -> u32 {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { fused_rows::<Self>(x, scale, clip, out, store, next, ahead) }
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let head = match store {
+            Store::Streaming => head_to_align(out.as_ptr() as usize, 64, 1, n),
+            Store::Cached => 0,
+        };
+        let steps = ((n - head) / 64).min(next.len() / 64);
+        let (xh, xb) = x.split_at(head);
+        let (oh, ob) = out.split_at_mut(head);
+        let (xb, xr) = xb.split_at(64 * steps);
+        let (ob, or) = ob.split_at_mut(64 * steps);
+        let (nb, nr) = next.split_at(64 * steps);
+        let ahead_rest = &ahead[(64 * steps).min(ahead.len())..];
+        let mut lines = ahead.chunks(16);
+        // SAFETY: AVX-512F/BW/DQ per the Kernels contract; each step reads 64
+        // floats of `xb` and `nb` and writes 64 bytes of `ob` (equal lengths of
+        // 64 · `steps`); a streamed `ob` starts on a 64-byte boundary (the head
+        // aligned it) and is fenced before the rest is coded. Prefetches only
+        // name addresses inside `ahead`. The head and the rest go through
+        // `scaled_run` and `absmax_bits`, which keep their own contracts.
+        unsafe {
+            scaled_run(xh, scale, clip, oh, Store::Cached, &[]);
+            let lanes = ScaledLanes::new(scale, clip);
+            let abs = _mm512_set1_epi32(0x7fff_ffff);
+            let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            let (xp, op, np) = (xb.as_ptr(), ob.as_mut_ptr(), nb.as_ptr());
+            for i in 0..steps {
+                for line in (&mut lines).take(4) {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                }
+                let p = np.add(64 * i);
+                let v0 = _mm512_and_si512(_mm512_loadu_si512(p.cast()), abs);
+                let v1 = _mm512_and_si512(_mm512_loadu_si512(p.add(16).cast()), abs);
+                let v2 = _mm512_and_si512(_mm512_loadu_si512(p.add(32).cast()), abs);
+                let v3 = _mm512_and_si512(_mm512_loadu_si512(p.add(48).cast()), abs);
+                a0 = _mm512_max_epu32(a0, _mm512_max_epu32(v0, v2));
+                a1 = _mm512_max_epu32(a1, _mm512_max_epu32(v1, v3));
+                let q = lanes.codes64(xp.add(64 * i));
+                match store {
+                    Store::Streaming => _mm512_stream_si512(op.add(64 * i).cast(), q),
+                    Store::Cached => _mm512_storeu_si512(op.add(64 * i).cast(), q),
+                }
+            }
+            if matches!(store, Store::Streaming) && steps > 0 {
+                _mm_sfence();
+            }
+            scaled_run(xr, scale, clip, or, store, ahead_rest);
+            let m = _mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
+            m.max(Self::absmax_bits(nr))
+        }
     }
 
     #[inline(always)]
