@@ -70,10 +70,6 @@ pub trait Float: Copy + Send + Sync + 'static + private::Sealed {
     }
 }
 
-/// `x` rounded to f32 *to odd*: exact values stay, an inexact one becomes the
-/// f32 toward zero with its last bit set. Rounding that result to nearest-even
-/// at 8 or 11 significant bits equals rounding `x` there directly (f32 keeps
-/// more than two extra bits), so f64 -> f16/bf16 rounds once. (A plain
 /// `src` converted to f32 (as [`Float::to_f32`]) in the default floating-point
 /// environment, whatever the calling thread's flags: a caller's flush-to-zero
 /// would otherwise turn subnormal results into zeros.
@@ -85,6 +81,10 @@ pub fn to_f32_pinned<T: Float>(src: &[T], dst: &mut [f32]) {
     std::hint::black_box(&mut *dst);
 }
 
+/// `x` rounded to f32 *to odd*: exact values stay, an inexact one becomes the
+/// f32 toward zero with its last bit set. Rounding that result to nearest-even
+/// at 8 or 11 significant bits equals rounding `x` there directly (f32 keeps
+/// more than two extra bits), so f64 -> f16/bf16 rounds once. (A plain
 /// `x as f32` first would round twice and miss a tie by the dropped bits.)
 #[inline]
 pub fn f64_to_f32_round_to_odd(x: f64) -> f32 {
@@ -98,6 +98,19 @@ pub fn f64_to_f32_round_to_odd(x: f64) -> f32 {
         f
     };
     f32::from_bits(toward_zero.to_bits() | 1)
+}
+
+/// f64 -> f16/bf16 over `min(len)` as [`Float::from_f64_once`]: rounded to
+/// odd at f32 and then to the narrow type by `narrow`, through a small stack
+/// run (both steps vectorized).
+fn narrow_from_f64<T>(isa: Isa, src: &[f64], dst: &mut [T], narrow: fn(Isa, &[f32], &mut [T])) {
+    const RUN: usize = 256;
+    let mut odd = [0f32; RUN];
+    for (s, d) in src.chunks(RUN).zip(dst.chunks_mut(RUN)) {
+        let odd = &mut odd[..s.len().min(d.len())];
+        simd::f64_to_f32_odd(isa, s, odd);
+        narrow(isa, odd, d);
+    }
 }
 
 impl Float for f32 {
@@ -171,6 +184,9 @@ impl Float for f16 {
     fn from_f64_once(x: f64) -> Self {
         f16::from_f32(f64_to_f32_round_to_odd(x))
     }
+    fn convert_from_f64(isa: Isa, src: &[f64], dst: &mut [Self]) {
+        narrow_from_f64(isa, src, dst, simd::f32_to_f16);
+    }
 }
 
 impl Float for bf16 {
@@ -189,6 +205,9 @@ impl Float for bf16 {
     #[inline(always)]
     fn from_f64_once(x: f64) -> Self {
         bf16::from_f32(f64_to_f32_round_to_odd(x))
+    }
+    fn convert_from_f64(isa: Isa, src: &[f64], dst: &mut [Self]) {
+        narrow_from_f64(isa, src, dst, simd::f32_to_bf16);
     }
 }
 
@@ -253,6 +272,131 @@ mod tests {
                 bits + 1
             );
             assert_eq!(f16::from_f64_once(mid - (hi - lo) * 1e-9).to_bits(), bits);
+        }
+    }
+
+    /// Doubles near every kind of edge of a rounding to f32, f16 and bf16:
+    /// ties of each (exactly, and by a few bits f32 drops), the ends of the
+    /// ranges and subnormals, signs, infinities and NaN, and plain values.
+    fn rounding_edges() -> Vec<f64> {
+        let mut v = vec![
+            0.0,
+            -0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+        ];
+        v.extend([
+            f32::MAX as f64,
+            f32::MAX as f64 * (1.0 + 1e-12),
+            1e300,
+            -1e300,
+        ]);
+        v.extend([
+            65504.0,
+            65519.99,
+            65520.0,
+            70000.0,
+            2f64.powi(-24),
+            2f64.powi(-25),
+        ]);
+        v.extend([
+            1e-40,
+            -1e-40,
+            2f64.powi(-149),
+            2f64.powi(-150),
+            1e-300,
+            -1e-320,
+        ]);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..4000 {
+            let r = next();
+            let bits16 = (r >> 48) as u16 & 0x7fff;
+            let sign = if r & 1 == 1 { -1.0 } else { 1.0 };
+            let h = f16::from_bits(bits16).to_f64();
+            let b = bf16::from_bits(bits16).to_f64();
+            let (hu, bu) = (2f64.powi(-11) * h.abs(), 2f64.powi(-8) * b.abs());
+            let tiny = 2f64.powi(-40) * (r >> 20 & 0xff) as f64;
+            for base in [h + hu / 2.0, b + bu / 2.0] {
+                v.extend([base, base * (1.0 + tiny), base * (1.0 - tiny)].map(|x| sign * x));
+            }
+            v.push(f64::from_bits(r));
+            v.push(sign * (r >> 11) as f64 * 2f64.powi(-53) * 3.0);
+        }
+        v
+    }
+
+    #[test]
+    fn narrowing_runs_round_once_on_every_isa() {
+        let xs = rounding_edges();
+        let same = |a: u16, b: u16, nan: bool| a == b || nan;
+        for isa in Isa::supported() {
+            for start in [0usize, 1, 3] {
+                let src = &xs[start..];
+                let mut h = vec![f16::ZERO; src.len()];
+                let mut b = vec![bf16::ZERO; src.len()];
+                f16::convert_from_f64(isa, src, &mut h);
+                bf16::convert_from_f64(isa, src, &mut b);
+                for (i, &x) in src.iter().enumerate() {
+                    let (wh, wb) = (f16::from_f64_once(x), bf16::from_f64_once(x));
+                    assert!(
+                        same(h[i].to_bits(), wh.to_bits(), x.is_nan()),
+                        "{isa:?} f16 {x:e}"
+                    );
+                    assert!(
+                        same(b[i].to_bits(), wb.to_bits(), x.is_nan()),
+                        "{isa:?} bf16 {x:e}"
+                    );
+                    assert_eq!(h[i].is_nan(), x.is_nan());
+                    assert_eq!(b[i].is_nan(), x.is_nan());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn odd_and_bf16_primitives_match_scalar() {
+        let xs = rounding_edges();
+        let fs: Vec<f32> = (0..=u32::MAX)
+            .step_by(40_009)
+            .map(f32::from_bits)
+            .chain([
+                f32::MAX,
+                -f32::MAX,
+                f32::INFINITY,
+                f32::NAN,
+                1.0 + f32::EPSILON,
+            ])
+            .collect();
+        for isa in Isa::supported() {
+            let (mut a, mut b) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+            simd::f64_to_f32_odd(isa, &xs, &mut a);
+            simd::f64_to_f32_odd(Isa::Scalar, &xs, &mut b);
+            for ((x, p), q) in xs.iter().zip(&a).zip(&b) {
+                assert!(p.to_bits() == q.to_bits() || x.is_nan(), "{isa:?} {x:e}");
+            }
+            // Rounding to odd: exact, or the odd one of the two f32 either
+            // side of the value (its own neighbours then bracket the value).
+            for (x, p) in xs.iter().zip(&a).filter(|(x, _)| x.is_finite()) {
+                let bits = p.to_bits();
+                let near = |b: u32| (f32::from_bits(b) as f64).abs();
+                let bracketed = near(bits - 1) < x.abs() && x.abs() < near(bits + 1);
+                assert!(*p as f64 == *x || (bits & 1 == 1 && bracketed), "{x:e}");
+            }
+            let (mut c, mut d) = (vec![bf16::ZERO; fs.len()], vec![bf16::ZERO; fs.len()]);
+            for n in [0, 1, 15, 17, fs.len()] {
+                simd::f32_to_bf16(isa, &fs[..n], &mut c[..n]);
+                simd::f32_to_bf16(Isa::Scalar, &fs[..n], &mut d[..n]);
+                let bits = |v: &[bf16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&c[..n]), bits(&d[..n]), "{isa:?} {n}");
+            }
         }
     }
 

@@ -1606,6 +1606,75 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
+    unsafe fn f64_to_f32_odd(x: &[f64], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(4);
+        let mut oc = out.chunks_exact_mut(4);
+        // SAFETY: AVX2 per the Kernels contract; 4 doubles in and 4 floats out
+        // per full chunk.
+        unsafe {
+            let sign = _mm256_set1_pd(-0.0);
+            // The low dword of each 64-bit compare mask, packed into 128 bits.
+            let lows = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+            let narrow = |m: __m256d| {
+                _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(m), lows))
+            };
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let v = _mm256_loadu_pd(c.as_ptr());
+                let f = _mm256_cvtpd_ps(v); // nearest even
+                let back = _mm256_cvtps_pd(f);
+                // Ordered compares: a NaN stays as converted, as in the scalar path.
+                let inexact = narrow(_mm256_cmp_pd::<_CMP_NEQ_OQ>(back, v));
+                let away = narrow(_mm256_cmp_pd::<_CMP_GT_OQ>(
+                    _mm256_andnot_pd(sign, back),
+                    _mm256_andnot_pd(sign, v),
+                ));
+                // Rounded away from zero: one ulp back (the mask is -1). Then
+                // an inexact result gets its last bit set.
+                let toward = _mm_add_epi32(_mm_castps_si128(f), away);
+                let odd = _mm_or_si128(toward, _mm_and_si128(inexact, _mm_set1_epi32(1)));
+                _mm_storeu_si128(o.as_mut_ptr().cast(), odd);
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::f64_to_f32_odd(xc.remainder(), oc.into_remainder()) };
+    }
+
+    #[inline(always)]
+    unsafe fn f32_to_bf16(x: &[f32], out: &mut [bf16]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let mut xc = x.chunks_exact(8);
+        let mut oc = out.chunks_exact_mut(8);
+        // SAFETY: AVX2 per the Kernels contract; 8 floats in and 8 bf16 (16
+        // bytes) out per full chunk; bf16 is a 16-bit type.
+        unsafe {
+            let one = _mm256_set1_epi32(1);
+            let half_ulp = _mm256_set1_epi32(0x7fff);
+            let inf = _mm256_set1_epi32(0x7f80_0000);
+            let magnitude = _mm256_set1_epi32(0x7fff_ffff);
+            let quiet = _mm256_set1_epi32(0x40);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let b = _mm256_castps_si256(_mm256_loadu_ps(c.as_ptr()));
+                let high = _mm256_srli_epi32::<16>(b);
+                // Nearest even: add just under half an ulp, plus the kept lsb.
+                let lsb = _mm256_and_si256(high, one);
+                let rounded =
+                    _mm256_srli_epi32::<16>(_mm256_add_epi32(b, _mm256_add_epi32(half_ulp, lsb)));
+                let nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, magnitude), inf);
+                let r = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, quiet), nan);
+                // Every lane is below 2^16: the unsigned pack is exact; then
+                // the two 64-bit halves holding lanes 0-3 and 4-7 move together.
+                let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(r, r));
+                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
+            }
+        }
+        // SAFETY: the scalar kernels need no CPU features.
+        unsafe { Scalar::f32_to_bf16(xc.remainder(), oc.into_remainder()) };
+    }
+
+    #[inline(always)]
     unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);

@@ -20,6 +20,44 @@ fn head_to_align(addr: usize, align: usize, size: usize, n: usize) -> usize {
     (addr.wrapping_neg() % align / size).min(n)
 }
 
+/// Eight doubles rounded to f32 *to odd* (see `Kernels::f64_to_f32_odd`).
+///
+/// # Safety
+/// AVX-512F/VL must be available.
+#[inline(always)]
+unsafe fn f32_odd(v: __m512d) -> __m256 {
+    // SAFETY: per this function's contract.
+    unsafe {
+        let t = _mm512_cvt_roundpd_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+        // Ordered: a NaN stays as converted, as in the scalar path.
+        let inexact = _mm512_cmp_pd_mask::<_CMP_NEQ_OQ>(_mm512_cvtps_pd(t), v);
+        let t = _mm256_castps_si256(t);
+        _mm256_castsi256_ps(_mm256_mask_or_epi32(t, inexact, t, _mm256_set1_epi32(1)))
+    }
+}
+
+/// Sixteen floats rounded to bfloat16, nearest even, NaN quieted with its
+/// payload's top bits kept (as `half`).
+///
+/// # Safety
+/// AVX-512F must be available.
+#[inline(always)]
+unsafe fn bf16_nearest_even(v: __m512) -> __m256i {
+    // SAFETY: per this function's contract.
+    unsafe {
+        let b = _mm512_castps_si512(v);
+        let high = _mm512_srli_epi32::<16>(b);
+        // Add just under half an ulp, plus the kept lsb (ties to even).
+        let lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+        let bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, bias));
+        let magnitude = _mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff));
+        let nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7f80_0000));
+        let quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet))
+    }
+}
+
 /// Mask with the low `n` (< 16) lanes set.
 #[inline(always)]
 fn tail_mask(n: usize) -> __mmask16 {
@@ -1813,6 +1851,50 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
                 let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
                     _mm512_maskz_loadu_ps(k, rest.as_ptr()),
                 );
+                _mm256_mask_storeu_epi16(oc.into_remainder().as_mut_ptr().cast(), k, h);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f64_to_f32_odd(x: &[f64], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        // SAFETY: AVX-512F/VL per the Kernels contract; 8 doubles per full
+        // chunk, the tail through a mask.
+        unsafe {
+            let mut xc = x.chunks_exact(8);
+            let mut oc = out.chunks_exact_mut(8);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                _mm256_storeu_ps(o.as_mut_ptr(), f32_odd(_mm512_loadu_pd(c.as_ptr())));
+            }
+            let rest = xc.remainder();
+            if !rest.is_empty() {
+                let k = ((1u32 << rest.len()) - 1) as __mmask8;
+                let f = f32_odd(_mm512_maskz_loadu_pd(k, rest.as_ptr()));
+                _mm256_mask_storeu_ps(oc.into_remainder().as_mut_ptr(), k, f);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f32_to_bf16(x: &[f32], out: &mut [bf16]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        // SAFETY: AVX-512F/BW per the Kernels contract; 16 floats in and 16
+        // bf16 (32 bytes) out per full chunk, the tail through a mask of its
+        // length; bf16 is a 16-bit type.
+        unsafe {
+            let mut xc = x.chunks_exact(16);
+            let mut oc = out.chunks_exact_mut(16);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let h = bf16_nearest_even(_mm512_loadu_ps(c.as_ptr()));
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), h);
+            }
+            let rest = xc.remainder();
+            if !rest.is_empty() {
+                let k = tail_mask(rest.len());
+                let h = bf16_nearest_even(_mm512_maskz_loadu_ps(k, rest.as_ptr()));
                 _mm256_mask_storeu_epi16(oc.into_remainder().as_mut_ptr().cast(), k, h);
             }
         }

@@ -238,6 +238,15 @@ primitive!(
     f64_to_f32(x: &[f64], out: &mut [f32]) -> ()
 );
 primitive!(
+    /// float64 -> float32 rounded to odd (exact values kept, an inexact one
+    /// toward zero with its last bit set), over `min(len)`.
+    f64_to_f32_odd(x: &[f64], out: &mut [f32]) -> ()
+);
+primitive!(
+    /// float32 -> bfloat16, round to nearest even (as `half`), over `min(len)`.
+    f32_to_bf16(x: &[f32], out: &mut [bf16]) -> ()
+);
+primitive!(
     /// float32 -> float16, round to nearest even (as `half`), over `min(len)`.
     f32_to_f16(x: &[f32], out: &mut [f16]) -> ()
 );

@@ -297,6 +297,13 @@ pub(crate) trait Kernels {
     unsafe fn bf16_to_f32(x: &[bf16], out: &mut [f32]);
     /// `out[i] = x[i] as f32` (round to nearest even).
     unsafe fn f64_to_f32(x: &[f64], out: &mut [f32]);
+    /// `out[i] = x[i]` rounded to f32 *to odd*
+    /// ([`crate::element::f64_to_f32_round_to_odd`]), so a later rounding to
+    /// f16 or bf16 rounds `x` once. NaN converts as `as f32` does.
+    unsafe fn f64_to_f32_odd(x: &[f64], out: &mut [f32]);
+    /// `out[i] = bf16(x[i])`, round to nearest even, NaN quieted with its
+    /// payload's top bits kept (as the `half` crate does).
+    unsafe fn f32_to_bf16(x: &[f32], out: &mut [bf16]);
     /// `out[i] = f16(x[i])`, IEEE round to nearest even, NaN quieted with its
     /// payload's top bits kept (as the `half` crate and F16C do).
     unsafe fn f32_to_f16(x: &[f32], out: &mut [f16]);

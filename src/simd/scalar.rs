@@ -283,6 +283,20 @@ impl Kernels for Scalar {
     }
 
     #[inline(always)]
+    unsafe fn f64_to_f32_odd(x: &[f64], out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = crate::element::f64_to_f32_round_to_odd(v);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f32_to_bf16(x: &[f32], out: &mut [bf16]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = bf16::from_f32(v);
+        }
+    }
+
+    #[inline(always)]
     unsafe fn range_f32(x: &[f32]) -> Range<f32> {
         range_impl!(x, f32)
     }
