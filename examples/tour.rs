@@ -5,7 +5,7 @@
 use ferroquant::ops::affine::{self, Codes, CodesMut, QuantConfig};
 use ferroquant::ops::blockwise::{dequantize_blockwise, quantize_blockwise, Scales, ScalesMut};
 use ferroquant::ops::dynamic::{self, DynCodes, DynCodesMut, DynFormat, ScaleMode};
-use ferroquant::ops::linear::{linear_forward, QuantizedWeight, WeightCodes};
+use ferroquant::ops::linear::{linear_forward, DequantDtype, QuantizedWeight, WeightCodes};
 use ferroquant::ops::ptq::{Calibrator, QuantizedModel, QuantizedWeights};
 use ferroquant::ops::{bitnet, f16bits, pack, smooth, w8a8};
 use ferroquant::QuantError;
@@ -65,8 +65,7 @@ pub fn main() -> Result<(), QuantError> {
         shape,
         scales: &s64,
         zero_points: &zp,
-        // The weight came from float32: it dequantizes to f32.
-        dequant_f64: false,
+        dequant: DequantDtype::F32,
     };
     let mut out = vec![0f32; tokens * shape[0]];
     linear_forward(&w, &acts, tokens, None, &mut out)?;

@@ -250,3 +250,36 @@ def test_float64_weights_past_float32_keep_their_float64_values():
             got = layer.forward(x)
             assert np.isfinite(want).all() == (x6 == 1.0)
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_weights_use_their_dequantized_half_values(dtype):
+    # A review: forward used each weight rounded to float32, where dequantize()
+    # rounds it to the weight's own dtype (f16: 2^-11 relative), and a value past
+    # 65504 is inf there but finite in float32.
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+
+    rng = np.random.default_rng(12)
+    npdt = np.dtype(dtype)
+    for cfg in CONFIGS:
+        w = rng.standard_normal((16, 64)).astype(npdt)
+        layer = fq.QuantizedLinear.from_linear(w, None, cfg)
+        deq = fq.dequantize(layer.weight_quantized)
+        assert deq.dtype == npdt
+        deq64 = deq.astype(np.float64)
+        for tokens in (1, 9):
+            x = rng.standard_normal((tokens, 64)).astype(np.float32)
+            want = x.astype(np.float64) @ deq64.T
+            bound = (np.abs(x).astype(np.float64) @ np.abs(deq64).T) * 67 * 2.0**-24
+            assert np.all(np.abs(layer.forward(x) - want) <= bound + 1e-30), (cfg, tokens)
+    if dtype == "float16":
+        w16 = np.array([[65504, -65504, 1, 2]], np.float16)
+        for cfg in (fq.QuantConfig.int8().asymmetric(), fq.QuantConfig.int4().asymmetric()):
+            layer = fq.QuantizedLinear.from_linear(w16, None, cfg)
+            deq = fq.dequantize(layer.weight_quantized).astype(np.float64)
+            assert np.isinf(deq).any()
+            for tokens in (1, 9):
+                x = np.ones((tokens, 4), np.float32)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    want = (x.astype(np.float64) @ deq.T).astype(np.float32)
+                np.testing.assert_array_equal(layer.forward(x), want)

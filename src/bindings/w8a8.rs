@@ -4,9 +4,10 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
-use crate::ops::linear::{self, QuantizedWeight, WeightCodes};
+use crate::ops::linear::{self, DequantDtype, QuantizedWeight, WeightCodes};
 use crate::ops::w8a8::{w8a8_matmul_with, Batch};
 use numpy::PyArray1;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// Flat float32 `[tokens, out_features]` (or `[out_features]` when `tokens`
@@ -56,9 +57,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// Flat float32 `[tokens, out_features]`: `x @ dequant(W).T + bias` for an
 /// int8 (`bits == 8`) or packed int4 weight with `scales` / `zero_points`
 /// (`out_features` of each, or one), never materializing the float weight;
-/// `dequant_f64` for a weight from a float64 tensor (see `QuantizedWeight`).
+/// `dequant_dtype` is the dtype `dequantize` gives (the source tensor's).
 #[pyfunction]
-#[pyo3(signature = (codes, bits, out_features, in_features, scales, zero_points, x, tokens, bias, dequant_f64))]
+#[pyo3(signature = (codes, bits, out_features, in_features, scales, zero_points, x, tokens, bias, dequant_dtype))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_forward<'py>(
     py: Python<'py>,
@@ -71,8 +72,13 @@ pub(crate) fn linear_forward<'py>(
     x: &Bound<'py, PyAny>,
     tokens: usize,
     bias: Option<&Bound<'py, PyAny>>,
-    dequant_f64: bool,
+    dequant_dtype: &str,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let dequant = DequantDtype::from_name(dequant_dtype).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "dequant_dtype: expected float32, float64, float16 or bfloat16, got {dequant_dtype:?}"
+        ))
+    })?;
     let s = exact::<f64>("scales", "float64", scales)?;
     let z = exact::<f64>("zero_points", "float64", zero_points)?;
     let xa = exact::<f32>("x", "float32", x)?;
@@ -92,7 +98,7 @@ pub(crate) fn linear_forward<'py>(
         shape: [out_features, in_features],
         scales: s.as_slice()?,
         zero_points: z.as_slice()?,
-        dequant_f64,
+        dequant,
     };
     let (xs, bs) = (
         xa.as_slice()?,

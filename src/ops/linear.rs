@@ -12,18 +12,24 @@
 //!   the pool. The weight is read once per
 //!   call at its quantized size (1 or ½ byte an element).
 //! - Many tokens: panels of weight rows are dequantized exactly as
-//!   `dequantize` does (f64 math, rounded once to f32) into a scratch panel
-//!   of [`PANEL_BYTES`], and multiplied by a register-blocked f32 GEMM (the
-//!   `gemm` crate), panels across the pool.
+//!   `dequantize` does (f64 math, rounded once to the weight's dtype, then
+//!   widened to f32) into a scratch panel of [`PANEL_BYTES`], and multiplied
+//!   by a register-blocked f32 GEMM (the `gemm` crate), panels across the
+//!   pool. A float16/bfloat16 weight takes this path for any token count
+//!   (in smaller panels): its values are rounded to 11 or 8 bits, which the
+//!   dot products' f32 `(q − zp) · scale` does not do.
 //!
 //! Results are within float32 rounding of `x @ dequant(W).T + bias`; the
 //! summation order is fixed (not the reference's), so they do not depend on
 //! the ISA or the thread count.
 
+use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::ops::pack::packed_len;
 use crate::parallel;
 use crate::simd::{self, Isa, Store};
+use crate::stage::{self, Scratch};
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// From this many tokens on, the panel GEMM path runs.
@@ -33,6 +39,12 @@ pub const GEMM_MIN_TOKENS: usize = 8;
 /// batch 64 on 4096², 2 MiB panels ran at 0.69x NumPy's GEMM, 8 MiB at 0.9x
 /// on Zen 3; 32 MiB fell out of cache at 0.3x).
 pub const PANEL_BYTES: usize = 8 * 1024 * 1024;
+/// The panel size below [`GEMM_MIN_TOKENS`] tokens (weights that take the
+/// panel path for their values: float16/bfloat16 ones, or scales the f32 dot
+/// products cannot hold): with little reuse per panel, it should stay in L2.
+/// At batch 1 on a 4096² int8 float16 weight (Zen 4, 1 MiB L2): 8 MiB 13.4
+/// ms, 1 MiB 5.8, 256 KiB 4.7, 64 KiB 5.7, 16 KiB 6.2.
+const FEW_TOKENS_PANEL_BYTES: usize = 256 * 1024;
 
 /// The codes of a quantized weight, row-major `[out, in]`.
 #[derive(Debug, Clone, Copy)]
@@ -56,12 +68,57 @@ pub struct QuantizedWeight<'a> {
     pub scales: &'a [f64],
     /// Zero points, as many as scales.
     pub zero_points: &'a [f64],
-    /// Whether the weight dequantizes to float64 (it came from a float64
-    /// tensor, so `dequantize` keeps its f64 values): a value past f32's
-    /// range then counts at its f64 value. Otherwise the weight is
-    /// `dequantize::<f32>`'s, where such a value is ±inf. (A weight from
-    /// f16/bf16 is also taken at its f32 values, not rounded to its dtype.)
-    pub dequant_f64: bool,
+    /// The dtype the weight dequantizes to (`dequantize` returns the source
+    /// tensor's dtype): the forward pass is held to the weight's values as
+    /// that dtype holds them.
+    pub dequant: DequantDtype,
+}
+
+/// The dtype a weight's `dequantize` gives: `(q - zp) · scale` in f64,
+/// rounded once to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DequantDtype {
+    /// float32 (a value past f32's range is ±inf).
+    #[default]
+    F32,
+    /// float64: values keep their f64 value, also past f32's range.
+    F64,
+    /// float16: values rounded to f16 (±inf past 65504).
+    F16,
+    /// bfloat16: values rounded to bf16.
+    Bf16,
+}
+
+impl DequantDtype {
+    /// The dtype NumPy names `name` (`"float32"`, `"float64"`, `"float16"`,
+    /// `"bfloat16"`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "float32" => Some(Self::F32),
+            "float64" => Some(Self::F64),
+            "float16" => Some(Self::F16),
+            "bfloat16" => Some(Self::Bf16),
+            _ => None,
+        }
+    }
+
+    /// `v` rounded once to this dtype, widened back to f64 (exact).
+    pub fn round(self, v: f64) -> f64 {
+        match self {
+            Self::F32 => f32::from_f64_once(v) as f64,
+            Self::F64 => v,
+            Self::F16 => f16::from_f64_once(v).to_f64(),
+            Self::Bf16 => bf16::from_f64_once(v).to_f64(),
+        }
+    }
+
+    /// Whether the f32 paths' weight values (rounded once to f32) can
+    /// differ from this dtype's by more than f32 rounding: f16 and bf16
+    /// round to fewer bits, so their weights take the panel path, which
+    /// rounds each value as `dequantize` does.
+    fn coarser_than_f32(self) -> bool {
+        matches!(self, Self::F16 | Self::Bf16)
+    }
 }
 
 /// `out[t, o] = Σ_i x[t, i] · dequant(W)[o, i] + bias[o]` for `tokens` rows
@@ -170,7 +227,8 @@ pub fn linear_forward_with(
     // would round its products to the subnormal grid first, an error the
     // scale could magnify. Rare enough to send to the panel path.
     let subnormal = || x.iter().fold(false, |any, v| any | v.is_subnormal());
-    let panels = tokens >= GEMM_MIN_TOKENS || !f32_exact || subnormal();
+    let panels =
+        tokens >= GEMM_MIN_TOKENS || !f32_exact || w.dequant.coarser_than_f32() || subnormal();
     // The dot products read the activation from a copy on 64-byte
     // boundaries (int4 with even rows: in `nibble_planes` order).
     let planes = matches!(w.codes, WeightCodes::Int4(_)) && in_f % 2 == 0;
@@ -232,13 +290,19 @@ pub fn linear_forward_with(
     Ok(())
 }
 
-/// Rows in one dequantized panel: about [`PANEL_BYTES`] of f32, at most a
+/// Rows in one dequantized panel: about [`PANEL_BYTES`] of f32
+/// ([`FEW_TOKENS_PANEL_BYTES`] for fewer than [`GEMM_MIN_TOKENS`]), at most a
 /// quarter of the `out_f` rows (a panel stays far smaller than the f32
 /// weight the layer never builds), and few enough that the panel's products
 /// for every token (`tokens` × rows of f32) fit in [`PANEL_BYTES`] too, so
 /// the scratch stays bounded however many tokens come.
 fn panel_rows(in_f: usize, out_f: usize, tokens: usize) -> usize {
-    (PANEL_BYTES / (4 * in_f.max(1)))
+    let bytes = if tokens < GEMM_MIN_TOKENS {
+        FEW_TOKENS_PANEL_BYTES
+    } else {
+        PANEL_BYTES
+    };
+    (bytes / (4 * in_f.max(1)))
         .min(PANEL_BYTES / (4 * tokens.max(1)))
         .min(out_f.div_ceil(4))
         .clamp(1, 4096)
@@ -335,11 +399,9 @@ impl Job<'_> {
 
     /// Output `r` for one token `xt` in f64: `Σ x · dequant(w)` with the
     /// weight dequantized exactly as `dequantize` does (f64, rounded once to
-    /// f32), plus the bias, rounded once. For the rare outputs whose f32 sum
-    /// left the range. With [`QuantizedWeight::dequant_f64`] a value past
-    /// f32's range keeps its f64 value instead of becoming ±inf (terms of
-    /// both signs near 1e39 then cancel rather than make NaN); every other
-    /// value is within half an f32 ulp of its f64 one either way.
+    /// [`QuantizedWeight::dequant`]), plus the bias, rounded once. For the
+    /// rare outputs whose f32 sum left the range (with a float64 weight,
+    /// terms of both signs near 1e39 cancel here rather than make NaN).
     fn exact(&self, r: usize, xt: &[f32]) -> f32 {
         let in_f = self.w.shape[1];
         let (scale, zp) = self.params(r);
@@ -356,16 +418,7 @@ impl Job<'_> {
         let sum: f64 = xt
             .iter()
             .enumerate()
-            .map(|(i, &v)| {
-                let d = (code(i) - zp) * scale;
-                let d32 = d as f32;
-                let w = if d32.is_finite() || !self.w.dequant_f64 {
-                    d32 as f64
-                } else {
-                    d
-                };
-                v as f64 * w
-            })
+            .map(|(i, &v)| v as f64 * self.w.dequant.round((code(i) - zp) * scale))
             .sum();
         (sum + self.bias.map_or(0.0, |b| b[r] as f64)) as f32
     }
@@ -453,6 +506,7 @@ impl Job<'_> {
         let per_panel = panel_rows(in_f, out_f, tokens).min(r1 - r0);
         let mut panel = vec![0f32; per_panel * in_f];
         let mut by_token = vec![0f32; tokens * per_panel];
+        let mut narrow = Narrow::default();
         let mut unpacked = match self.w.codes {
             WeightCodes::Int4(_) => vec![0i8; in_f + 2],
             WeightCodes::Int8(_) => Vec::new(),
@@ -466,7 +520,7 @@ impl Job<'_> {
                 match self.w.codes {
                     WeightCodes::Int8(c) => {
                         let q = &c[r * in_f..(r + 1) * in_f];
-                        simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached)
+                        self.dequantize_row(q, zp, scale, row, &mut narrow)
                     }
                     WeightCodes::Int4(p) => {
                         let first = r * in_f;
@@ -476,8 +530,8 @@ impl Job<'_> {
                         let q = &mut unpacked[..2 * bytes];
                         let start = first / 2;
                         simd::unpack_int4(self.isa, &p[start..start + bytes], q);
-                        let q = &q[skip..];
-                        simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached);
+                        let q = &q[skip..skip + in_f];
+                        self.dequantize_row(q, zp, scale, row, &mut narrow);
                     }
                 }
             }
@@ -495,6 +549,43 @@ impl Job<'_> {
         }
     }
 
+    /// One panel row: codes `q` dequantized as `dequantize` does for the
+    /// weight's dtype, as f32 (f16 and bf16 values go through their own
+    /// rounding first, then widen exactly).
+    fn dequantize_row(&self, q: &[i8], zp: f64, scale: f64, row: &mut [f32], n: &mut Narrow) {
+        match self.w.dequant {
+            DequantDtype::F16 => {
+                n.h.resize(q.len(), f16::ZERO);
+                stage::affine_values(
+                    self.isa,
+                    q,
+                    zp,
+                    scale,
+                    &mut n.h,
+                    &mut n.scratch,
+                    Store::Cached,
+                );
+                f16::convert_to_f32(self.isa, &n.h, row);
+            }
+            DequantDtype::Bf16 => {
+                n.b.resize(q.len(), bf16::ZERO);
+                stage::affine_values(
+                    self.isa,
+                    q,
+                    zp,
+                    scale,
+                    &mut n.b,
+                    &mut n.scratch,
+                    Store::Cached,
+                );
+                bf16::convert_to_f32(self.isa, &n.b, row);
+            }
+            DequantDtype::F32 | DequantDtype::F64 => {
+                simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached)
+            }
+        }
+    }
+
     /// Copy rows `first..` of `[row][token]` results into `out[token][row]`
     /// (written in order, token by token).
     fn scatter(&self, out: &mut [f32], part: &[f32], first: usize) {
@@ -507,4 +598,12 @@ impl Job<'_> {
             }
         }
     }
+}
+
+/// A panel row's f16 / bf16 values before they widen to f32.
+#[derive(Default)]
+struct Narrow {
+    h: Vec<f16>,
+    b: Vec<bf16>,
+    scratch: Scratch,
 }

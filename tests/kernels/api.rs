@@ -4,7 +4,7 @@
 
 use ferroquant::ops::affine::{self, Codes, QuantConfig};
 use ferroquant::ops::dynamic::{self, DynCodesMut, DynFormat, ScaleMode};
-use ferroquant::ops::linear::{linear_forward, QuantizedWeight, WeightCodes};
+use ferroquant::ops::linear::{linear_forward, DequantDtype, QuantizedWeight, WeightCodes};
 use ferroquant::ops::ptq::QuantizedModel;
 use ferroquant::ops::smooth::{compute_smooth_factors, SmoothQuantConfig};
 use ferroquant::QuantError;
@@ -35,7 +35,7 @@ fn linear_output_length_is_checked_without_overflow() {
         shape: [2, 0],
         scales: &[1.0],
         zero_points: &[0.0],
-        dequant_f64: false,
+        dequant: DequantDtype::F32,
     };
     let e = linear_forward(&w, &[], usize::MAX / 2 + 1, None, &mut []).unwrap_err();
     assert_eq!(arg_of(e), ("shape", "out"));

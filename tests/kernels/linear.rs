@@ -5,7 +5,9 @@
 
 use crate::rng::Rng;
 use crate::with_threads;
-use ferroquant::ops::linear::{linear_forward_with, QuantizedWeight, WeightCodes, GEMM_MIN_TOKENS};
+use ferroquant::ops::linear::{
+    linear_forward_with, DequantDtype, QuantizedWeight, WeightCodes, GEMM_MIN_TOKENS,
+};
 use ferroquant::ops::pack::packed_len;
 use ferroquant::simd::{self, scalar, Isa};
 
@@ -202,6 +204,7 @@ fn reference(
     shape: [usize; 2],
     x: &[f32],
     bias: &[f32],
+    dtype: DequantDtype,
 ) -> (Vec<f64>, Vec<f64>) {
     let [o, i] = shape;
     let tokens = x.len() / i;
@@ -211,7 +214,7 @@ fn reference(
             let j = if scales.len() == 1 { 0 } else { r };
             let (mut s, mut a) = (bias[r] as f64, bias[r].abs() as f64);
             for c in 0..i {
-                let w = ((q[r * i + c] as f64 - zps[j]) * scales[j]) as f32 as f64;
+                let w = dtype.round((q[r * i + c] as f64 - zps[j]) * scales[j]);
                 s += x[t * i + c] as f64 * w;
                 a += (x[t * i + c] as f64 * w).abs();
             }
@@ -226,7 +229,11 @@ fn reference(
 
 #[test]
 fn forward_is_within_f32_rounding_on_both_paths() {
-    for (o, i) in [(7usize, 33usize), (16, 64), (5, 129), (40, 300)] {
+    let dtypes = [DequantDtype::F32, DequantDtype::F16, DequantDtype::Bf16];
+    for ((o, i), dtype) in [(7usize, 33usize), (16, 64), (5, 129), (40, 300)]
+        .into_iter()
+        .flat_map(|s| dtypes.map(|d| (s, d)))
+    {
         for int4 in [false, true] {
             for per_tensor in [false, true] {
                 let k = if per_tensor { 1 } else { o };
@@ -246,7 +253,7 @@ fn forward_is_within_f32_rounding_on_both_paths() {
                 let bias = floats(o, 3);
                 for tokens in [0usize, 1, 3, GEMM_MIN_TOKENS, GEMM_MIN_TOKENS + 5] {
                     let x = floats(tokens * i, (tokens + i) as u64);
-                    let (want, bound) = reference(&q, &scales, &zps, [o, i], &x, &bias);
+                    let (want, bound) = reference(&q, &scales, &zps, [o, i], &x, &bias, dtype);
                     let w = QuantizedWeight {
                         codes: if int4 {
                             WeightCodes::Int4(&packed)
@@ -256,7 +263,7 @@ fn forward_is_within_f32_rounding_on_both_paths() {
                         shape: [o, i],
                         scales: &scales,
                         zero_points: &zps,
-                        dequant_f64: false,
+                        dequant: dtype,
                     };
                     let mut first: Option<Vec<f32>> = None;
                     for isa in Isa::supported() {
@@ -267,7 +274,7 @@ fn forward_is_within_f32_rounding_on_both_paths() {
                         {
                             assert!(
                                 (g as f64 - e).abs() <= b + 1e-30,
-                                "{o}x{i} int4 {int4} per_tensor {per_tensor} tokens {tokens} {isa:?} [{j}]: {g} vs {e} (bound {b})"
+                                "{o}x{i} {dtype:?} int4 {int4} per_tensor {per_tensor} tokens {tokens} {isa:?} [{j}]: {g} vs {e} (bound {b})"
                             );
                         }
                         match &first {
@@ -292,7 +299,7 @@ fn forward_does_not_depend_on_the_thread_count() {
         shape: [o, i],
         scales: &scales,
         zero_points: &zps,
-        dequant_f64: false,
+        dequant: DequantDtype::F32,
     };
     for tokens in [1usize, 2 * GEMM_MIN_TOKENS] {
         let x = floats(tokens * i, 8);
@@ -321,13 +328,13 @@ fn forward_is_within_f32_rounding_at_the_edges_of_the_range() {
         let mut x: Vec<f32> = floats(i, 4).iter().map(|v| v * magnitude).collect();
         x[7] = 0.0;
         let bias = vec![0f32; o];
-        let (want, bound) = reference(&q, &scales, &zps, [o, i], &x, &bias);
+        let (want, bound) = reference(&q, &scales, &zps, [o, i], &x, &bias, DequantDtype::F32);
         let w = QuantizedWeight {
             codes: WeightCodes::Int8(&q),
             shape: [o, i],
             scales: &scales,
             zero_points: &zps,
-            dequant_f64: false,
+            dequant: DequantDtype::F32,
         };
         for isa in Isa::supported() {
             let mut out = vec![f32::NAN; o];
@@ -357,16 +364,16 @@ fn weights_past_the_f32_range_sum_to_their_true_value() {
     (q[2 * i + 5], q[2 * i + 6]) = (127, -127); // row 2: cancels, plus 0.5 · scale
     q[2 * i + 9] = 1;
     let (scales, zps) = (vec![scale], vec![0.0f64]);
-    for (tokens, dequant_f64) in [1usize, 2 * GEMM_MIN_TOKENS]
+    for (tokens, dequant) in [1usize, 2 * GEMM_MIN_TOKENS]
         .into_iter()
-        .flat_map(|t| [(t, true), (t, false)])
+        .flat_map(|t| [(t, DequantDtype::F64), (t, DequantDtype::F32)])
     {
         let w = QuantizedWeight {
             codes: WeightCodes::Int8(&q),
             shape: [o, i],
             scales: &scales,
             zero_points: &zps,
-            dequant_f64,
+            dequant,
         };
         let mut x = vec![1.0f32; tokens * i];
         for t in 0..tokens {
@@ -378,9 +385,9 @@ fn weights_past_the_f32_range_sum_to_their_true_value() {
             linear_forward_with(isa, &w, &x, tokens, Some(&bias), &mut out).unwrap();
             for t in 0..tokens {
                 let y = &out[t * o..(t + 1) * o];
-                let at = format!("{isa:?} tokens {tokens} f64 {dequant_f64}");
+                let at = format!("{isa:?} tokens {tokens} {dequant:?}");
                 assert_eq!(y[1], f32::INFINITY, "{at}");
-                if dequant_f64 {
+                if dequant == DequantDtype::F64 {
                     assert_eq!(y[0], 0.25, "{at}");
                     assert_eq!(y[2], (0.5 * scale - 1.0) as f32, "{at}");
                 } else {
