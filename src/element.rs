@@ -57,6 +57,18 @@ pub trait Float: Copy + Send + Sync + 'static + private::Sealed {
         None
     }
 
+    /// The slice itself when `Self` is `f16`, so f16 kernels write in place.
+    fn as_f16_mut(dst: &mut [Self]) -> Option<&mut [f16]> {
+        let _ = dst;
+        None
+    }
+
+    /// The slice itself when `Self` is `bf16`, so bf16 kernels write in place.
+    fn as_bf16_mut(dst: &mut [Self]) -> Option<&mut [bf16]> {
+        let _ = dst;
+        None
+    }
+
     /// `x` rounded once, to nearest even, to `Self` (SPEC: a dequantized f64
     /// result is rounded once to the output dtype).
     fn from_f64_once(x: f64) -> Self;
@@ -187,6 +199,9 @@ impl Float for f16 {
     fn convert_from_f64(isa: Isa, src: &[f64], dst: &mut [Self]) {
         narrow_from_f64(isa, src, dst, simd::f32_to_f16);
     }
+    fn as_f16_mut(dst: &mut [Self]) -> Option<&mut [f16]> {
+        Some(dst)
+    }
 }
 
 impl Float for bf16 {
@@ -208,6 +223,9 @@ impl Float for bf16 {
     }
     fn convert_from_f64(isa: Isa, src: &[f64], dst: &mut [Self]) {
         narrow_from_f64(isa, src, dst, simd::f32_to_bf16);
+    }
+    fn as_bf16_mut(dst: &mut [Self]) -> Option<&mut [bf16]> {
+        Some(dst)
     }
 }
 

@@ -176,6 +176,12 @@ pub fn affine_values<O: Float>(
     if let Some(of) = O::as_f64_mut(out) {
         return simd::affine_dequantize_f64(isa, q, zp, scale, of);
     }
+    if let Some(oh) = O::as_f16_mut(out) {
+        return simd::affine_dequantize_f16(isa, q, zp, scale, oh);
+    }
+    if let Some(ob) = O::as_bf16_mut(out) {
+        return simd::affine_dequantize_bf16(isa, q, zp, scale, ob);
+    }
     if scratch.f64s.len() < STAGE.min(q.len()) {
         scratch.f64s.resize(STAGE.min(q.len()), 0.0);
     }

@@ -725,6 +725,73 @@ unsafe fn affine_values16(b: __m128i, zp: __m512d, scale: __m512d) -> (__m512d, 
     }
 }
 
+/// A 16-bit float type that 16 f32 lanes round to, nearest even. (A trait,
+/// not a closure: a closure's body is compiled without the caller's target
+/// features, and its intrinsics then run as calls, 20x slower here.)
+trait Narrow16: Copy {
+    /// # Safety
+    /// AVX-512F must be available.
+    unsafe fn narrow(v: __m512) -> __m256i;
+}
+
+impl Narrow16 for f16 {
+    #[inline(always)]
+    unsafe fn narrow(v: __m512) -> __m256i {
+        // SAFETY: per the trait's contract.
+        unsafe { _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v) }
+    }
+}
+
+impl Narrow16 for bf16 {
+    #[inline(always)]
+    unsafe fn narrow(v: __m512) -> __m256i {
+        // SAFETY: per the trait's contract.
+        unsafe { bf16_nearest_even(v) }
+    }
+}
+
+/// `(q - zp) * scale` of 16 int8 codes in f64, rounded to f32 *to odd*.
+///
+/// # Safety
+/// AVX-512F/VL/DQ must be available.
+#[inline(always)]
+unsafe fn affine_odd16(c: __m128i, zp: __m512d, scale: __m512d) -> __m512 {
+    // SAFETY: per this function's contract.
+    unsafe {
+        let (lo, hi) = affine_values16(c, zp, scale);
+        _mm512_insertf32x8::<1>(_mm512_castps256_ps512(f32_odd(lo)), f32_odd(hi))
+    }
+}
+
+/// `(q - zp) * scale` of int8 codes in f64, rounded once to a 16-bit float:
+/// to odd at f32 in registers, then to nearest even, 16 lanes at a time.
+///
+/// # Safety
+/// AVX-512F/BW/VL/DQ must be available.
+#[inline(always)]
+unsafe fn narrow16<T: Narrow16>(q: &[i8], zp: f64, scale: f64, out: &mut [T]) {
+    debug_assert_eq!(std::mem::size_of::<T>(), 2);
+    let n = q.len().min(out.len());
+    let (q, out) = (&q[..n], &mut out[..n]);
+    // SAFETY: per this function's contract; 16 codes in and 16 lanes (32
+    // bytes) out per full chunk, the tail through masks of its length.
+    unsafe {
+        let (zp, scale) = (_mm512_set1_pd(zp), _mm512_set1_pd(scale));
+        let mut qc = q.chunks_exact(16);
+        let mut oc = out.chunks_exact_mut(16);
+        for (c, o) in (&mut qc).zip(&mut oc) {
+            let v = affine_odd16(_mm_loadu_si128(c.as_ptr().cast()), zp, scale);
+            _mm256_storeu_si256(o.as_mut_ptr().cast(), T::narrow(v));
+        }
+        let rest = qc.remainder();
+        if !rest.is_empty() {
+            let k = tail_mask(rest.len());
+            let v = affine_odd16(_mm_maskz_loadu_epi8(k, rest.as_ptr()), zp, scale);
+            _mm256_mask_storeu_epi16(oc.into_remainder().as_mut_ptr().cast(), k, T::narrow(v));
+        }
+    }
+}
+
 /// Convert 16-bit floats (f16 or bf16) to f32, 16 lanes at a time with `cvt`.
 ///
 /// # Safety
@@ -2150,6 +2217,19 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
                 _mm512_mask_storeu_pd(o.as_mut_ptr().add(rest.len().min(8)), k_hi, hi);
             }
         }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_dequantize_f16(q: &[i8], zp: f64, scale: f64, out: &mut [f16]) {
+        // SAFETY: AVX-512F/BW/VL per the Kernels contract; f16 is a 16-bit
+        // type; see `narrow16`.
+        unsafe { narrow16(q, zp, scale, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_dequantize_bf16(q: &[i8], zp: f64, scale: f64, out: &mut [bf16]) {
+        // SAFETY: as above.
+        unsafe { narrow16(q, zp, scale, out) }
     }
 
     #[inline(always)]

@@ -321,6 +321,14 @@ primitive!(
     affine_dequantize_f64(q: &[i8], zp: f64, scale: f64, out: &mut [f64]) -> ()
 );
 primitive!(
+    /// `out[i] = f16((q[i] as f64 - zp) * scale)`, rounded once, over `min(len)`.
+    affine_dequantize_f16(q: &[i8], zp: f64, scale: f64, out: &mut [f16]) -> ()
+);
+primitive!(
+    /// `out[i] = bf16((q[i] as f64 - zp) * scale)`, rounded once, over `min(len)`.
+    affine_dequantize_bf16(q: &[i8], zp: f64, scale: f64, out: &mut [bf16]) -> ()
+);
+primitive!(
     /// Pack pairs of int4 codes into bytes (element 2i in the low nibble).
     pack_int4(q: &[i8], out: &mut [u8]) -> ()
 );

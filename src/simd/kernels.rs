@@ -345,6 +345,21 @@ pub(crate) trait Kernels {
     unsafe fn affine_dequantize_f32(q: &[i8], zp: f64, scale: f64, out: &mut [f32], store: Store);
     /// `out[i] = (q[i] as f64 - zp) * scale`.
     unsafe fn affine_dequantize_f64(q: &[i8], zp: f64, scale: f64, out: &mut [f64]);
+    /// `out[i] = f16((q[i] as f64 - zp) * scale)`, rounded once to nearest
+    /// even, over `min(len)`. By default the f64 values, rounded to odd at
+    /// f32, then to f16, through a short run on the stack.
+    #[inline(always)]
+    unsafe fn affine_dequantize_f16(q: &[i8], zp: f64, scale: f64, out: &mut [f16]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { narrow_staged::<Self, f16>(q, zp, scale, out) }
+    }
+    /// `out[i] = bf16((q[i] as f64 - zp) * scale)`, as
+    /// [`Kernels::affine_dequantize_f16`].
+    #[inline(always)]
+    unsafe fn affine_dequantize_bf16(q: &[i8], zp: f64, scale: f64, out: &mut [bf16]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { narrow_staged::<Self, bf16>(q, zp, scale, out) }
+    }
     /// Pack pairs of 4-bit two's-complement codes: `out[i] = (q[2i] & 15) |
     /// (q[2i+1] & 15) << 4`, over `min(q.len() / 2, out.len())` bytes.
     unsafe fn pack_int4(q: &[i8], out: &mut [u8]);
@@ -404,6 +419,57 @@ pub(crate) unsafe fn products_via_dots<K: Kernels + ?Sized>(
             for (r, o) in row.iter_mut().enumerate() {
                 *o = acc[r * tokens + t] as f32 * w_scales[r0 + r] * a_scale;
             }
+        }
+    }
+}
+
+/// A 16-bit float that `K` rounds f32 runs to (a trait rather than a
+/// function pointer, so the call inlines into `K`'s target features).
+trait Narrow: Sized {
+    /// `K::f32_to_f16` or `K::f32_to_bf16`.
+    ///
+    /// # Safety
+    /// `K`'s contract.
+    unsafe fn from_f32s<K: Kernels + ?Sized>(x: &[f32], out: &mut [Self]);
+}
+
+impl Narrow for f16 {
+    #[inline(always)]
+    unsafe fn from_f32s<K: Kernels + ?Sized>(x: &[f32], out: &mut [Self]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { K::f32_to_f16(x, out) }
+    }
+}
+
+impl Narrow for bf16 {
+    #[inline(always)]
+    unsafe fn from_f32s<K: Kernels + ?Sized>(x: &[f32], out: &mut [Self]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { K::f32_to_bf16(x, out) }
+    }
+}
+
+/// `(q - zp) * scale` rounded once to a 16-bit float, through f64 and
+/// round-to-odd f32 runs on the stack (`K`'s own primitives).
+///
+/// # Safety
+/// `K`'s contract: the CPU has the features its kernels use.
+#[inline(always)]
+unsafe fn narrow_staged<K: Kernels + ?Sized, T: Narrow>(
+    q: &[i8],
+    zp: f64,
+    scale: f64,
+    out: &mut [T],
+) {
+    const RUN: usize = 128;
+    let (mut wide, mut odd) = ([0f64; RUN], [0f32; RUN]);
+    for (qs, os) in q.chunks(RUN).zip(out.chunks_mut(RUN)) {
+        let n = qs.len().min(os.len());
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            K::affine_dequantize_f64(&qs[..n], zp, scale, &mut wide[..n]);
+            K::f64_to_f32_odd(&wide[..n], &mut odd[..n]);
+            T::from_f32s::<K>(&odd[..n], &mut os[..n]);
         }
     }
 }

@@ -356,6 +356,28 @@ fn dequantize_matches_scalar_for_every_zero_point_and_scale() {
                     simd::affine_dequantize_f64(Isa::Scalar, q, zp, scale, &mut want);
                     let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "f64 {isa:?} zp {zp} scale {scale}");
+                    // f16 / bf16: the f64 value rounded once (NaN as NaN).
+                    let (mut h, mut b) = (vec![f16::ZERO; n], vec![bf16::ZERO; n]);
+                    simd::affine_dequantize_f16(isa, q, zp, scale, &mut h);
+                    simd::affine_dequantize_bf16(isa, q, zp, scale, &mut b);
+                    for (i, &v) in want.iter().enumerate() {
+                        let (wh, wb) = (f16::from_f64_once(v), bf16::from_f64_once(v));
+                        let at = format!("{isa:?} zp {zp} scale {scale} [{i}] {v:e}");
+                        let same_h = h[i].to_bits() == wh.to_bits() || h[i].is_nan() && wh.is_nan();
+                        let same_b = b[i].to_bits() == wb.to_bits() || b[i].is_nan() && wb.is_nan();
+                        assert!(
+                            same_h,
+                            "f16 {at}: {:#x} vs {:#x}",
+                            h[i].to_bits(),
+                            wh.to_bits()
+                        );
+                        assert!(
+                            same_b,
+                            "bf16 {at}: {:#x} vs {:#x}",
+                            b[i].to_bits(),
+                            wb.to_bits()
+                        );
+                    }
                 }
             }
         }
