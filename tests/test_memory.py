@@ -10,6 +10,7 @@ import gc
 import tracemalloc
 
 import numpy as np
+import pytest
 
 import ferroquant as fq
 
@@ -142,6 +143,30 @@ def test_w8a8_matmul_holds_no_second_output():
     peak, nbytes = peak_rss_in_child(setup, "fq.w8a8_matmul(w, s, x)")
     assert nbytes == 2048 * 4096 * 4
     assert peak <= 1.35 * nbytes, (peak, nbytes)
+
+
+@pytest.mark.parametrize(
+    "dtype, in_f, tokens",
+    [("float16", 4_000_000, 1), ("bfloat16", 3_000_001, 3), ("float32", 2_500_000, 8)],
+)
+def test_forward_panels_of_long_rows_stay_small(dtype, in_f, tokens):
+    # Two rows of millions of columns take the panel path (float16/bfloat16
+    # weights at any batch, float32 from 8 tokens). Panels were whole rows, so
+    # the two tasks' one-row panels held as much as the float32 weight (a
+    # review: +43 MiB beside a 31 MiB weight); rows are now cut into blocks.
+    setup = (
+        "import ml_dtypes  # noqa: F401\n"
+        f"q = fq.QuantizedTensor((np.arange(2 * {in_f}) % 255 - 127).astype(np.int8),"
+        " np.array([0.01]), np.array([0.0]),"
+        f" (2, {in_f}), '{dtype}', fq.QuantConfig())\n"
+        "lin = fq.QuantizedLinear(q)\n"
+        f"x = np.ones(({tokens}, {in_f}), np.float32)\n"
+        "lin.forward(x)"
+    )
+    peak, nbytes = peak_rss_in_child(setup, "lin.forward(x)")
+    assert nbytes == tokens * 2 * 4
+    weight_f32 = 2 * in_f * 4
+    assert peak < weight_f32 / 8, (peak, weight_f32)
 
 
 def test_quantize_ste_holds_a_slab_of_codes_not_all_of_them():

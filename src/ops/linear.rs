@@ -28,7 +28,6 @@ use crate::error::{QuantError, Result};
 use crate::ops::pack::packed_len;
 use crate::parallel;
 use crate::simd::{self, Isa, Store};
-use crate::stage::{self, Scratch};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -249,7 +248,7 @@ pub fn linear_forward_with(
     let rows = if panels {
         // Whole panels, two tasks a thread: each reuses one panel buffer.
         let threads = parallel::get_num_threads().max(1);
-        let per = panel_rows(in_f, out_f, tokens);
+        let per = panel_shape(in_f, out_f, tokens).0;
         out_f.div_ceil(2 * threads).div_ceil(per).max(1) * per
     } else {
         // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
@@ -280,32 +279,53 @@ pub fn linear_forward_with(
         }
     });
     // A float32 sum in a fixed order can pass float32's range where the exact
-    // sum does not (terms near 2^128 of both signs): redo those outputs in f64.
-    for (j, v) in out.iter_mut().enumerate() {
-        if !v.is_finite() {
-            let (t, r) = (j / out_f, j % out_f);
-            *v = job.exact(r, &x[t * in_f..(t + 1) * in_f]);
+    // sum does not (terms near 2^128 of both signs): redo those outputs in
+    // f64, each such row's weights dequantized once for all its tokens (a
+    // weight holding an infinity makes every output of its row non-finite:
+    // one redo per output took 2 s for 16 tokens of a 4096² weight).
+    if out.iter().any(|v| !v.is_finite()) {
+        let mut redo = vec![false; out_f];
+        for (j, v) in out.iter().enumerate() {
+            redo[j % out_f] |= !v.is_finite();
+        }
+        let mut ts = Vec::new();
+        for r in (0..out_f).filter(|&r| redo[r]) {
+            ts.clear();
+            ts.extend((0..tokens).filter(|&t| !out[t * out_f + r].is_finite()));
+            for (&t, v) in ts.iter().zip(job.exact_row(r, &ts)) {
+                out[t * out_f + r] = v;
+            }
         }
     }
     Ok(())
 }
 
-/// Rows in one dequantized panel: about [`PANEL_BYTES`] of f32
-/// ([`FEW_TOKENS_PANEL_BYTES`] for fewer than [`GEMM_MIN_TOKENS`]), at most a
-/// quarter of the `out_f` rows (a panel stays far smaller than the f32
-/// weight the layer never builds), and few enough that the panel's products
-/// for every token (`tokens` × rows of f32) fit in [`PANEL_BYTES`] too, so
-/// the scratch stays bounded however many tokens come.
-fn panel_rows(in_f: usize, out_f: usize, tokens: usize) -> usize {
-    let bytes = if tokens < GEMM_MIN_TOKENS {
+/// A dequantized panel's rows and columns `(rows, kc)`: about
+/// [`PANEL_BYTES`] of f32 ([`FEW_TOKENS_PANEL_BYTES`] for fewer than
+/// [`GEMM_MIN_TOKENS`]). `kc` is `in_f`, or for a row longer than that, an
+/// eighth of a panel (the row is then taken a block of columns at a time).
+/// Rows: at most a quarter of the `out_f` rows (a panel stays far smaller
+/// than the f32 weight the layer never builds), and few enough that the
+/// panel's products for every token (`tokens` × rows of f32) fit in
+/// [`PANEL_BYTES`] too, so the scratch stays bounded however many tokens
+/// come. (A review found one-row panels of a 2 x 4,000,000 weight holding
+/// as much as the f32 weight before rows were cut into blocks.)
+fn panel_shape(in_f: usize, out_f: usize, tokens: usize) -> (usize, usize) {
+    let floats = if tokens < GEMM_MIN_TOKENS {
         FEW_TOKENS_PANEL_BYTES
     } else {
         PANEL_BYTES
+    } / 4;
+    let kc = if in_f <= floats {
+        in_f.max(1)
+    } else {
+        floats / 8
     };
-    (bytes / (4 * in_f.max(1)))
+    let rows = (floats / kc)
         .min(PANEL_BYTES / (4 * tokens.max(1)))
         .min(out_f.div_ceil(4))
-        .clamp(1, 4096)
+        .clamp(1, 4096);
+    (rows, kc)
 }
 
 /// The activation as the dot products read it: each token from a 64-byte
@@ -397,30 +417,78 @@ impl Job<'_> {
         (self.w.scales[j], self.w.zero_points[j])
     }
 
-    /// Output `r` for one token `xt` in f64: `Σ x · dequant(w)` with the
-    /// weight dequantized exactly as `dequantize` does (f64, rounded once to
-    /// [`QuantizedWeight::dequant`]), plus the bias, rounded once. For the
-    /// rare outputs whose f32 sum left the range (with a float64 weight,
-    /// terms of both signs near 1e39 cancel here rather than make NaN).
-    fn exact(&self, r: usize, xt: &[f32]) -> f32 {
+    /// Codes `q` as `dequantize` gives them, `(q − zp) · scale` in f64
+    /// rounded once to [`QuantizedWeight::dequant`], widened back to f64
+    /// (`q` at most 1024 codes).
+    fn exact_values(&self, q: &[i8], zp: f64, scale: f64, w: &mut [f64]) {
+        let isa = self.isa;
+        match self.w.dequant {
+            DequantDtype::F64 => simd::affine_dequantize_f64(isa, q, zp, scale, w),
+            DequantDtype::F32 => {
+                let mut v = [0f32; 1024];
+                let v = &mut v[..q.len()];
+                simd::affine_dequantize_f32(isa, q, zp, scale, v, Store::Cached);
+                w.iter_mut().zip(v).for_each(|(d, s)| *d = *s as f64);
+            }
+            DequantDtype::F16 => {
+                let mut v = [f16::ZERO; 1024];
+                let v = &mut v[..q.len()];
+                simd::affine_dequantize_f16(isa, q, zp, scale, v);
+                w.iter_mut().zip(v).for_each(|(d, s)| *d = s.to_f64());
+            }
+            DequantDtype::Bf16 => {
+                let mut v = [bf16::ZERO; 1024];
+                let v = &mut v[..q.len()];
+                simd::affine_dequantize_bf16(isa, q, zp, scale, v);
+                w.iter_mut().zip(v).for_each(|(d, s)| *d = s.to_f64());
+            }
+        }
+    }
+
+    /// Outputs of row `r` for tokens `ts`, in f64: `Σ x · dequant(w)` with
+    /// the weight dequantized exactly as `dequantize` does (f64, rounded once
+    /// to [`QuantizedWeight::dequant`]) in four interleaved partial sums,
+    /// plus the bias, rounded once. For the rare outputs whose f32 sum left
+    /// the range (with a float64 weight, terms of both signs near 1e39
+    /// cancel here rather than make NaN).
+    fn exact_row(&self, r: usize, ts: &[usize]) -> Vec<f32> {
+        const RUN: usize = 1024;
         let in_f = self.w.shape[1];
         let (scale, zp) = self.params(r);
-        let code = |i: usize| -> f64 {
-            let e = r * in_f + i;
+        let (mut q, mut w) = ([0i8; RUN], [0f64; RUN]);
+        let mut acc = vec![[0f64; 4]; ts.len()];
+        for k0 in (0..in_f).step_by(RUN) {
+            let n = RUN.min(in_f - k0);
+            let (q, w) = (&mut q[..n], &mut w[..n]);
+            let first = r * in_f + k0;
             match self.w.codes {
-                WeightCodes::Int8(c) => c[e] as f64,
+                WeightCodes::Int8(c) => q.copy_from_slice(&c[first..first + n]),
                 WeightCodes::Int4(p) => {
-                    let b = p[e / 2];
-                    simd::scalar::nibble(if e.is_multiple_of(2) { b } else { b >> 4 }) as f64
+                    for (e, v) in (first..).zip(q.iter_mut()) {
+                        let b = p[e / 2];
+                        *v = simd::scalar::nibble(if e.is_multiple_of(2) { b } else { b >> 4 });
+                    }
                 }
             }
-        };
-        let sum: f64 = xt
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| v as f64 * self.w.dequant.round((code(i) - zp) * scale))
-            .sum();
-        (sum + self.bias.map_or(0.0, |b| b[r] as f64)) as f32
+            self.exact_values(q, zp, scale, w);
+            for (a, &t) in acc.iter_mut().zip(ts) {
+                let xt = &self.x[t * in_f + k0..t * in_f + k0 + n];
+                let (xc, wc) = (xt.chunks_exact(4), w.chunks_exact(4));
+                let (xr, wr) = (xc.remainder(), wc.remainder());
+                for (x4, w4) in xc.zip(wc) {
+                    for l in 0..4 {
+                        a[l] += x4[l] as f64 * w4[l];
+                    }
+                }
+                for (l, (&xv, &wv)) in xr.iter().zip(wr).enumerate() {
+                    a[l] += xv as f64 * wv;
+                }
+            }
+        }
+        let bias = self.bias.map_or(0.0, |b| b[r] as f64);
+        acc.iter()
+            .map(|a| ((a[0] + a[1]) + (a[2] + a[3]) + bias) as f32)
+            .collect()
     }
 
     /// Outputs of weight rows `r0..r1` for every token, handed to `sink`
@@ -503,42 +571,54 @@ impl Job<'_> {
     fn rows_gemm(&self, r0: usize, r1: usize, sink: &mut dyn FnMut(usize, &[f32])) {
         let [out_f, in_f] = self.w.shape;
         let tokens = self.tokens;
-        let per_panel = panel_rows(in_f, out_f, tokens).min(r1 - r0);
-        let mut panel = vec![0f32; per_panel * in_f];
+        let (per_panel, kc) = panel_shape(in_f, out_f, tokens);
+        let per_panel = per_panel.min(r1 - r0);
+        let mut panel = vec![0f32; per_panel * kc];
         let mut by_token = vec![0f32; tokens * per_panel];
-        let mut narrow = Narrow::default();
         let mut unpacked = match self.w.codes {
-            WeightCodes::Int4(_) => vec![0i8; in_f + 2],
+            WeightCodes::Int4(_) => vec![0i8; kc + 2],
             WeightCodes::Int8(_) => Vec::new(),
         };
         for p0 in (r0..r1).step_by(per_panel) {
             let p1 = (p0 + per_panel).min(r1);
             let n = p1 - p0;
-            for r in p0..p1 {
-                let (scale, zp) = self.params(r);
-                let row = &mut panel[(r - p0) * in_f..(r - p0 + 1) * in_f];
-                match self.w.codes {
-                    WeightCodes::Int8(c) => {
-                        let q = &c[r * in_f..(r + 1) * in_f];
-                        self.dequantize_row(q, zp, scale, row, &mut narrow)
-                    }
-                    WeightCodes::Int4(p) => {
-                        let first = r * in_f;
-                        let skip = first % 2;
-                        // Whole bytes: unpack_int4 fills pairs.
-                        let bytes = packed_len(in_f + skip);
-                        let q = &mut unpacked[..2 * bytes];
-                        let start = first / 2;
-                        simd::unpack_int4(self.isa, &p[start..start + bytes], q);
-                        let q = &q[skip..skip + in_f];
-                        self.dequantize_row(q, zp, scale, row, &mut narrow);
+            let by_row = &mut by_token[..n * tokens];
+            // Columns k0..k1 of the panel's rows at a time (all of them
+            // unless a row is longer than a panel holds), each block's
+            // products added to the last.
+            for k0 in (0..in_f).step_by(kc) {
+                let kn = kc.min(in_f - k0);
+                for r in p0..p1 {
+                    let (scale, zp) = self.params(r);
+                    let row = &mut panel[(r - p0) * kn..(r - p0 + 1) * kn];
+                    let first = r * in_f + k0;
+                    match self.w.codes {
+                        WeightCodes::Int8(c) => {
+                            self.dequantize_row(&c[first..first + kn], zp, scale, row)
+                        }
+                        WeightCodes::Int4(p) => {
+                            let skip = first % 2;
+                            // Whole bytes: unpack_int4 fills pairs.
+                            let bytes = packed_len(kn + skip);
+                            let q = &mut unpacked[..2 * bytes];
+                            let start = first / 2;
+                            simd::unpack_int4(self.isa, &p[start..start + bytes], q);
+                            self.dequantize_row(&q[skip..skip + kn], zp, scale, row);
+                        }
                     }
                 }
+                // by_row[row][token] += Σ_i panel[row, i] · x[token, k0 + i]:
+                // the panel as the GEMM's left side, the tokens as its right.
+                simd::gemm::gemm_abt_strided(
+                    n,
+                    tokens,
+                    kn,
+                    (&panel[..n * kn], kn),
+                    (&self.x[k0..], in_f),
+                    by_row,
+                    k0 > 0,
+                );
             }
-            // by_row[row][token] = Σ_i panel[row, i] · x[token, i]: the
-            // panel as the GEMM's left side, the tokens as its right.
-            let (panel, by_row) = (&panel[..n * in_f], &mut by_token[..n * tokens]);
-            simd::gemm::gemm_abt(n, tokens, in_f, panel, self.x, by_row);
             // The bias, or +0.0 (which also makes a -0.0 sum +0.0, as the dot
             // path's outputs are).
             for (j, vals) in by_row.chunks_exact_mut(tokens).enumerate() {
@@ -550,35 +630,26 @@ impl Job<'_> {
     }
 
     /// One panel row: codes `q` dequantized as `dequantize` does for the
-    /// weight's dtype, as f32 (f16 and bf16 values go through their own
-    /// rounding first, then widen exactly).
-    fn dequantize_row(&self, q: &[i8], zp: f64, scale: f64, row: &mut [f32], n: &mut Narrow) {
+    /// weight's dtype, as f32 (f16 and bf16 values are rounded to their
+    /// dtype first, a short run at a time on the stack, then widen exactly).
+    fn dequantize_row(&self, q: &[i8], zp: f64, scale: f64, row: &mut [f32]) {
+        const RUN: usize = 256;
         match self.w.dequant {
             DequantDtype::F16 => {
-                n.h.resize(q.len(), f16::ZERO);
-                stage::affine_values(
-                    self.isa,
-                    q,
-                    zp,
-                    scale,
-                    &mut n.h,
-                    &mut n.scratch,
-                    Store::Cached,
-                );
-                f16::convert_to_f32(self.isa, &n.h, row);
+                let mut h = [f16::ZERO; RUN];
+                for (qs, rs) in q.chunks(RUN).zip(row.chunks_mut(RUN)) {
+                    let h = &mut h[..qs.len()];
+                    simd::affine_dequantize_f16(self.isa, qs, zp, scale, h);
+                    simd::f16_to_f32(self.isa, h, rs);
+                }
             }
             DequantDtype::Bf16 => {
-                n.b.resize(q.len(), bf16::ZERO);
-                stage::affine_values(
-                    self.isa,
-                    q,
-                    zp,
-                    scale,
-                    &mut n.b,
-                    &mut n.scratch,
-                    Store::Cached,
-                );
-                bf16::convert_to_f32(self.isa, &n.b, row);
+                let mut b = [bf16::ZERO; RUN];
+                for (qs, rs) in q.chunks(RUN).zip(row.chunks_mut(RUN)) {
+                    let b = &mut b[..qs.len()];
+                    simd::affine_dequantize_bf16(self.isa, qs, zp, scale, b);
+                    simd::bf16_to_f32(self.isa, b, rs);
+                }
             }
             DequantDtype::F32 | DequantDtype::F64 => {
                 simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached)
@@ -598,12 +669,4 @@ impl Job<'_> {
             }
         }
     }
-}
-
-/// A panel row's f16 / bf16 values before they widen to f32.
-#[derive(Default)]
-struct Narrow {
-    h: Vec<f16>,
-    b: Vec<bf16>,
-    scratch: Scratch,
 }

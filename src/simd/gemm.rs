@@ -9,27 +9,57 @@
 /// If a slice is shorter than its shape says, a product of two dimensions
 /// included (a caller bug, not bad input).
 pub fn gemm_abt(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
-    // Checked products: a wrapped `m * k` would pass the check with short
+    gemm_abt_strided(m, n, k, (a, k), (b, k), c, false)
+}
+
+/// [`gemm_abt`] over rows `lda` and `ldb` floats apart (`a` row `i` at
+/// `a[i·lda..]`, `b` row `j` at `b[j·ldb..]`, each `k` long); with
+/// `accumulate`, `c += A · Bᵀ` instead of `c = A · Bᵀ`.
+///
+/// # Panics
+/// If a slice is shorter than its shape and stride say, or a stride is
+/// shorter than `k` (a caller bug, not bad input).
+pub fn gemm_abt_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    // Checked arithmetic: a wrapped product would pass the check with short
     // slices, and the product below would then write outside them.
-    let holds = |len: usize, rows: usize, cols: usize| {
-        rows.checked_mul(cols).is_some_and(|need| len >= need)
+    let holds = |len: usize, rows: usize, stride: usize| {
+        rows == 0
+            || (rows - 1)
+                .checked_mul(stride)
+                .and_then(|s| s.checked_add(k))
+                .is_some_and(|need| len >= need)
     };
     assert!(
-        holds(a.len(), m, k) && holds(b.len(), n, k) && holds(c.len(), m, n),
+        lda >= k
+            && ldb >= k
+            && holds(a.len(), m, lda)
+            && holds(b.len(), n, ldb)
+            && m.checked_mul(n).is_some_and(|mn| c.len() >= mn),
         "gemm_abt: slices shorter than {m} x {k}, {n} x {k} and {m} x {n}"
     );
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        c[..m * n].fill(0.0);
+        if !accumulate {
+            c[..m * n].fill(0.0);
+        }
         return;
     }
-    let (k_, n_) = (k as isize, n as isize);
+    let (lda, ldb, n_) = (lda as isize, ldb as isize, n as isize);
     // SAFETY: every index the product touches is inside the slices checked
-    // above: a[i*k + p], b[j*k + p] (read as B's transpose: row stride 1,
-    // column stride k) and c[i*n + j]; `c` is not read (read_dst = false)
-    // and does not alias the inputs (it is a unique borrow).
+    // above: a[i*lda + p], b[j*ldb + p] (read as B's transpose: row stride
+    // 1, column stride ldb) and c[i*n + j] for i < m, j < n, p < k; `c` is
+    // read only with `accumulate` and does not alias the inputs (it is a
+    // unique borrow).
     unsafe {
         gemm::gemm(
             m,
@@ -38,14 +68,14 @@ pub fn gemm_abt(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32
             c.as_mut_ptr(),
             1,
             n_,
-            false,
+            accumulate,
             a.as_ptr(),
             1,
-            k_,
+            lda,
             b.as_ptr(),
-            k_,
+            ldb,
             1,
-            0.0f32,
+            if accumulate { 1.0f32 } else { 0.0f32 },
             1.0f32,
             false,
             false,

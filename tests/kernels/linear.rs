@@ -314,6 +314,72 @@ fn forward_does_not_depend_on_the_thread_count() {
 }
 
 #[test]
+fn rows_longer_than_a_panel_are_summed_a_block_at_a_time() {
+    // Rows past a panel (64 Ki floats under 8 tokens, 2 Mi from 8) are cut
+    // into blocks of columns whose products add up: still within f32
+    // rounding, on every ISA and thread count, int4 rows starting mid-byte.
+    // Every product is positive, so the worst-case bound is also tight
+    // enough to miss no block.
+    for (o, i, tokens, dtype) in [
+        (3usize, 70_001usize, 1usize, DequantDtype::F16),
+        (2, 65_536 * 2 + 7, 2, DequantDtype::Bf16),
+        (2, 2 * 1024 * 1024 + 3, GEMM_MIN_TOKENS, DequantDtype::F32),
+    ] {
+        for int4 in [false, true] {
+            let q: Vec<i8> = codes(o * i, (o + i) as u64)
+                .iter()
+                .map(|&v| {
+                    if int4 {
+                        (v >> 4).abs().min(7)
+                    } else {
+                        v.max(0)
+                    }
+                })
+                .collect();
+            let packed: Vec<u8> = q
+                .chunks(2)
+                .map(|p| (p[0] as u8 & 0xf) | (p.get(1).map_or(0, |&v| v as u8 & 0xf) << 4))
+                .collect();
+            let scales: Vec<f64> = (0..o).map(|r| 1e-2 * (1 + r) as f64 / 3.0).collect();
+            let zps: Vec<f64> = (0..o).map(|r| -1.0 - r as f64).collect();
+            let bias = floats(o, 5);
+            let x: Vec<f32> = floats(tokens * i, 6).iter().map(|v| v.abs()).collect();
+            let (want, bound) = reference(&q, &scales, &zps, [o, i], &x, &bias, dtype);
+            let w = QuantizedWeight {
+                codes: if int4 {
+                    WeightCodes::Int4(&packed)
+                } else {
+                    WeightCodes::Int8(&q)
+                },
+                shape: [o, i],
+                scales: &scales,
+                zero_points: &zps,
+                dequant: dtype,
+            };
+            let runs = with_threads(&[1, 2], |_| {
+                let mut outs = Vec::new();
+                for isa in Isa::supported() {
+                    let mut out = vec![f32::NAN; tokens * o];
+                    linear_forward_with(isa, &w, &x, tokens, Some(&bias), &mut out).unwrap();
+                    outs.push(out);
+                }
+                outs
+            });
+            for out in runs.iter().flatten() {
+                assert_eq!(
+                    out, &runs[0][0],
+                    "{o}x{i} int4 {int4}: ISAs or threads differ"
+                );
+            }
+            for (j, (&g, (&e, &b))) in runs[0][0].iter().zip(want.iter().zip(&bound)).enumerate() {
+                let at = format!("{o}x{i} {dtype:?} int4 {int4} tokens {tokens} [{j}]");
+                assert!((g as f64 - e).abs() <= b, "{at}: {g} vs {e} (bound {b})");
+            }
+        }
+    }
+}
+
+#[test]
 fn forward_is_within_f32_rounding_at_the_edges_of_the_range() {
     // The int8 dot path sums x · (q − zp) and scales once. Two inputs where
     // that alone would not do: subnormal activations under a huge scale (the
