@@ -16,6 +16,13 @@ fn floats(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| (r.unit() - 0.5) * 4.0).collect()
 }
 
+/// int4 codes packed two a byte (element 2i in the low nibble).
+fn pack(q: &[i8]) -> Vec<u8> {
+    q.chunks(2)
+        .map(|p| (p[0] as u8 & 0xf) | (p.get(1).map_or(0, |&v| v as u8 & 0xf) << 4))
+        .collect()
+}
+
 fn codes(n: usize, seed: u64) -> Vec<i8> {
     let mut r = Rng(seed | 1);
     (0..n).map(|_| r.next() as u8 as i8).collect()
@@ -243,13 +250,7 @@ fn forward_is_within_f32_rounding_on_both_paths() {
                     .collect();
                 let scales: Vec<f64> = (0..k).map(|r| 1e-2 * (1 + r % 5) as f64).collect();
                 let zps: Vec<f64> = (0..k).map(|r| (r % 9) as f64 - 4.0).collect();
-                let packed: Vec<u8> = (0..packed_len(q.len()))
-                    .map(|b| {
-                        let lo = q[2 * b] as u8 & 0xf;
-                        let hi = q.get(2 * b + 1).map_or(0, |&v| v as u8 & 0xf);
-                        lo | hi << 4
-                    })
-                    .collect();
+                let packed = pack(&q);
                 let bias = floats(o, 3);
                 for tokens in [0usize, 1, 3, GEMM_MIN_TOKENS, GEMM_MIN_TOKENS + 5] {
                     let x = floats(tokens * i, (tokens + i) as u64);
@@ -336,10 +337,7 @@ fn rows_longer_than_a_panel_are_summed_a_block_at_a_time() {
                     }
                 })
                 .collect();
-            let packed: Vec<u8> = q
-                .chunks(2)
-                .map(|p| (p[0] as u8 & 0xf) | (p.get(1).map_or(0, |&v| v as u8 & 0xf) << 4))
-                .collect();
+            let packed = pack(&q);
             let scales: Vec<f64> = (0..o).map(|r| 1e-2 * (1 + r) as f64 / 3.0).collect();
             let zps: Vec<f64> = (0..o).map(|r| -1.0 - r as f64).collect();
             let bias = floats(o, 5);
