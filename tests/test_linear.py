@@ -283,3 +283,22 @@ def test_half_weights_use_their_dequantized_half_values(dtype):
                 with np.errstate(invalid="ignore", over="ignore"):
                     want = (x.astype(np.float64) @ deq.T).astype(np.float32)
                 np.testing.assert_array_equal(layer.forward(x), want)
+
+
+def test_float64_weights_below_float32_range_keep_their_values():
+    # A review: a hand-built float64 tensor with a scale below float32's normal
+    # range (1e-50) had its values rounded to float32 (0) on the panel path.
+    for scale in (1e-50, 1e-44, 3e-39):
+        q = fq.QuantizedTensor(
+            np.array([100, -50, 25, 7, -1, 3], np.int8),
+            np.array([scale, 2 * scale]),
+            np.zeros(2),
+            (2, 3),
+            "float64",
+            fq.QuantConfig(8, "symmetric", "per_channel"),
+        )
+        layer = fq.QuantizedLinear(q, np.array([0.0, 1e-30], np.float32))
+        for tokens in (1, 9):
+            x = np.full((tokens, 3), 1e30, np.float32)
+            want = (x.astype(np.float64) @ fq.dequantize(q).T + [0.0, 1e-30]).astype(np.float32)
+            np.testing.assert_allclose(layer.forward(x), want, rtol=1e-6, atol=0)

@@ -226,8 +226,14 @@ pub fn linear_forward_with(
     // would round its products to the subnormal grid first, an error the
     // scale could magnify. Rare enough to send to the panel path.
     let subnormal = || x.iter().fold(false, |any, v| any | v.is_subnormal());
-    let panels =
-        tokens >= GEMM_MIN_TOKENS || !f32_exact || w.dequant.coarser_than_f32() || subnormal();
+    // The dot paths copy the activation (below): with as many tokens as a
+    // quarter of the rows, that copy would rival the float32 weight.
+    let wide_x = tokens.saturating_mul(4) >= out_f;
+    let panels = tokens >= GEMM_MIN_TOKENS
+        || !f32_exact
+        || wide_x
+        || w.dequant.coarser_than_f32()
+        || subnormal();
     // The dot products read the activation from a copy on 64-byte
     // boundaries (int4 with even rows: in `nibble_planes` order).
     let planes = matches!(w.codes, WeightCodes::Int4(_)) && in_f % 2 == 0;
@@ -245,6 +251,19 @@ pub fn linear_forward_with(
         bias,
         panels,
     };
+    // A float64 weight keeps its f64 values, which the f32 panels cannot
+    // hold when the scale is outside f32's normal range (1e-50 · 100 is 0
+    // in f32): every output is summed in f64 instead. Only a hand-built or
+    // loaded tensor has such a scale.
+    if w.dequant == DequantDtype::F64 && !f32_exact {
+        let all: Vec<usize> = (0..tokens).collect();
+        for r in 0..out_f {
+            for (t, v) in job.exact_row(r, &all).into_iter().enumerate() {
+                out[t * out_f + r] = v;
+            }
+        }
+        return Ok(());
+    }
     let rows = if panels {
         // Whole panels, two tasks a thread: each reuses one panel buffer.
         let threads = parallel::get_num_threads().max(1);
