@@ -28,6 +28,7 @@ use crate::error::{QuantError, Result};
 use crate::ops::pack::packed_len;
 use crate::parallel;
 use crate::simd::{self, Isa, Store};
+use crate::stage::{self, Scratch};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -438,29 +439,13 @@ impl Job<'_> {
 
     /// Codes `q` as `dequantize` gives them, `(q − zp) · scale` in f64
     /// rounded once to [`QuantizedWeight::dequant`], widened back to f64
-    /// (`q` at most 1024 codes).
+    /// (`q` at most [`EXACT_RUN`] codes).
     fn exact_values(&self, q: &[i8], zp: f64, scale: f64, w: &mut [f64]) {
-        let isa = self.isa;
         match self.w.dequant {
-            DequantDtype::F64 => simd::affine_dequantize_f64(isa, q, zp, scale, w),
-            DequantDtype::F32 => {
-                let mut v = [0f32; 1024];
-                let v = &mut v[..q.len()];
-                simd::affine_dequantize_f32(isa, q, zp, scale, v, Store::Cached);
-                w.iter_mut().zip(v).for_each(|(d, s)| *d = *s as f64);
-            }
-            DequantDtype::F16 => {
-                let mut v = [f16::ZERO; 1024];
-                let v = &mut v[..q.len()];
-                simd::affine_dequantize_f16(isa, q, zp, scale, v);
-                w.iter_mut().zip(v).for_each(|(d, s)| *d = s.to_f64());
-            }
-            DequantDtype::Bf16 => {
-                let mut v = [bf16::ZERO; 1024];
-                let v = &mut v[..q.len()];
-                simd::affine_dequantize_bf16(isa, q, zp, scale, v);
-                w.iter_mut().zip(v).for_each(|(d, s)| *d = s.to_f64());
-            }
+            DequantDtype::F64 => simd::affine_dequantize_f64(self.isa, q, zp, scale, w),
+            DequantDtype::F32 => rounded_as::<f32>(self.isa, q, zp, scale, w),
+            DequantDtype::F16 => rounded_as::<f16>(self.isa, q, zp, scale, w),
+            DequantDtype::Bf16 => rounded_as::<bf16>(self.isa, q, zp, scale, w),
         }
     }
 
@@ -471,7 +456,7 @@ impl Job<'_> {
     /// the range (with a float64 weight, terms of both signs near 1e39
     /// cancel here rather than make NaN).
     fn exact_row(&self, r: usize, ts: &[usize]) -> Vec<f32> {
-        const RUN: usize = 1024;
+        const RUN: usize = EXACT_RUN;
         let in_f = self.w.shape[1];
         let (scale, zp) = self.params(r);
         let (mut q, mut w) = ([0i8; RUN], [0f64; RUN]);
@@ -652,24 +637,9 @@ impl Job<'_> {
     /// weight's dtype, as f32 (f16 and bf16 values are rounded to their
     /// dtype first, a short run at a time on the stack, then widen exactly).
     fn dequantize_row(&self, q: &[i8], zp: f64, scale: f64, row: &mut [f32]) {
-        const RUN: usize = 256;
         match self.w.dequant {
-            DequantDtype::F16 => {
-                let mut h = [f16::ZERO; RUN];
-                for (qs, rs) in q.chunks(RUN).zip(row.chunks_mut(RUN)) {
-                    let h = &mut h[..qs.len()];
-                    simd::affine_dequantize_f16(self.isa, qs, zp, scale, h);
-                    simd::f16_to_f32(self.isa, h, rs);
-                }
-            }
-            DequantDtype::Bf16 => {
-                let mut b = [bf16::ZERO; RUN];
-                for (qs, rs) in q.chunks(RUN).zip(row.chunks_mut(RUN)) {
-                    let b = &mut b[..qs.len()];
-                    simd::affine_dequantize_bf16(self.isa, qs, zp, scale, b);
-                    simd::bf16_to_f32(self.isa, b, rs);
-                }
-            }
+            DequantDtype::F16 => widened_from::<f16>(self.isa, q, zp, scale, row),
+            DequantDtype::Bf16 => widened_from::<bf16>(self.isa, q, zp, scale, row),
             DequantDtype::F32 | DequantDtype::F64 => {
                 simd::affine_dequantize_f32(self.isa, q, zp, scale, row, Store::Cached)
             }
@@ -687,5 +657,31 @@ impl Job<'_> {
                 *o = part[r * tokens + t];
             }
         }
+    }
+}
+
+/// Codes at a time in [`Job::exact_row`].
+const EXACT_RUN: usize = 1024;
+
+/// `(q − zp) · scale` rounded once to `O` as `dequantize` does, widened
+/// back to f64 into `w` (`q` at most [`EXACT_RUN`] codes).
+fn rounded_as<O: Float>(isa: Isa, q: &[i8], zp: f64, scale: f64, w: &mut [f64]) {
+    let mut v = [O::from_f64_once(0.0); EXACT_RUN];
+    let v = &mut v[..q.len()];
+    stage::affine_values(isa, q, zp, scale, v, &mut Scratch::new(), Store::Cached);
+    w.iter_mut()
+        .zip(v.iter())
+        .for_each(|(d, s)| *d = s.to_f64());
+}
+
+/// `(q − zp) · scale` rounded once to `O` as `dequantize` does, widened
+/// exactly to f32 into `row`, through 256-value runs on the stack.
+fn widened_from<O: Float>(isa: Isa, q: &[i8], zp: f64, scale: f64, row: &mut [f32]) {
+    const RUN: usize = 256;
+    let mut v = [O::from_f64_once(0.0); RUN];
+    for (qs, rs) in q.chunks(RUN).zip(row.chunks_mut(RUN)) {
+        let v = &mut v[..qs.len()];
+        stage::affine_values(isa, qs, zp, scale, v, &mut Scratch::new(), Store::Cached);
+        O::convert_to_f32(isa, v, rs);
     }
 }
