@@ -353,11 +353,16 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                         q = _quantize_named(quantizer, arr, name)
                         ms = (time.perf_counter() - t0) * 1e3
                         restored = quantizer.dequantize(q)
+                        # Judged by the values `ferroquant dequantize` writes, as
+                        # compare judges them: an infinity a half step past the
+                        # dtype's largest value is clamped back to it; NaN stays
+                        # and refuses the tensor. One pass when all is finite.
+                        finite = True
+                        if not _all_finite(restored):
+                            finite = not _any_nan(restored)
+                            if finite:
+                                restored = _restore(restored, arr.dtype)
                         max_err, mean_err = error_stats(arr, restored)
-                        # NaN is what stays non-finite once `ferroquant dequantize`
-                        # writes the values (_restore clamps an infinity back to
-                        # the dtype's largest value).
-                        finite = not _any_nan(restored)
                         del restored
                     except QuantizationError as e:
                         raise CliError(f"tensor {name!r}: {e}") from None
