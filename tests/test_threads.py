@@ -281,3 +281,34 @@ def test_only_ferroquants_own_pool_ever_runs_threads():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "3"], r.stdout
+
+
+def test_a_value_made_nan_during_calib_collect_is_reported_as_non_finite():
+    # Another thread flips one value to NaN and back while collect reads the
+    # batch (a data race on the caller's array): each call either sees a
+    # finite batch or raises NonFiniteError. collect reads a chunk more than
+    # once; a NaN arriving after the first read once reached the sums and
+    # surfaced as "InvalidConfigError: mean must be finite".
+    x = np.ones(1 << 20, np.float32)
+    stop = threading.Event()
+
+    def toggle() -> None:
+        while not stop.is_set():
+            x[123457] = np.nan
+            x[123457] = 1.0
+
+    t = threading.Thread(target=toggle)
+    t.start()
+    outcomes = set()
+    try:
+        for _ in range(200):
+            try:
+                s = fq.CalibStats.collect([x])
+                assert (s.min, s.max, s.mean, s.p99) == (1.0, 1.0, 1.0, 1.0)
+                outcomes.add("ok")
+            except fq.NonFiniteError:
+                outcomes.add("non-finite")
+    finally:
+        stop.set()
+        t.join()
+    assert outcomes <= {"ok", "non-finite"}

@@ -100,6 +100,13 @@ fn part<T: Float>(
             }
         }
     }
+    // The chunk is read again after the range pass: a value another thread
+    // made non-finite meanwhile (a data race on the caller's array) must be
+    // reported as such, not reach the sums or the candidates.
+    let inf = f32::INFINITY.to_bits();
+    if !(s1.is_finite() && s2.is_finite()) || candidates.iter().any(|&c| c >= inf) {
+        return Err(simd::scalar::first_non_finite(xf));
+    }
     Ok(Part {
         min: r.min,
         max: r.max,
