@@ -191,9 +191,14 @@ def test_errors_name_the_argument():
         fq.dynamic_quantize_int8_per_row(np.zeros(4, np.float32))
     with pytest.raises(fq.ShapeMismatchError, match="x2d"):
         fq.dynamic_quantize_int8_per_row(np.zeros((2, 2, 2), np.float32))
-    for bad in (0.0, -0.1, 1.5, float("nan"), "0.5", True):
+    above_one = np.longdouble(1) + np.longdouble(2.0**-60)  # float() rounds it to 1.0
+    bads = [0.0, -0.1, 1.5, float("nan"), "0.5", True]
+    if above_one > 1:  # long double wider than float64 on this platform
+        bads.append(above_one)
+    for bad in bads:
         with pytest.raises(fq.InvalidConfigError, match="p"):
             fq.Percentile(bad)
+    assert fq.Percentile(np.longdouble(1)).p == 1.0
     with pytest.raises(TypeError, match="mode"):
         fq.dynamic_quantize_int8(np.ones(3, np.float32), 0.99)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="x"):
