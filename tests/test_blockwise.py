@@ -154,6 +154,8 @@ def test_f16_scale_overflow_raises_and_f32_scales_work():
     with pytest.raises(fq.InvalidConfigError, match="float32") as e:
         fq.quantize_blockwise(x, 64)
     assert "block 2" in str(e.value)
+    assert str(e.value).startswith("invalid scale_dtype:")
+    assert "use scale_dtype=np.float32" in str(e.value)
     q = fq.quantize_blockwise(x, 64, scale_dtype=np.float32)
     assert q.scales[2] == np.float32(9.0e6) / np.float32(127)
 

@@ -53,7 +53,14 @@ pub(crate) fn to_pyerr(py: Python<'_>, err: QuantError) -> PyErr {
         QuantError::NonFinite { .. } => Class::NonFinite,
         QuantError::Format { .. } => Class::Format,
     };
-    let msg = err.to_string();
+    let msg = match &err {
+        // The core speaks of float32 scales; Python's argument is scale_dtype.
+        QuantError::ScaleOverflow { block, scale } => format!(
+            "invalid scale_dtype: the scale of block {block} (max |x| / 127 = {scale:e}) \
+             overflows float16 (largest finite 65504); use scale_dtype=np.float32"
+        ),
+        _ => err.to_string(),
+    };
     let built = (|| -> PyResult<PyErr> {
         let cls = classes(py)?[class as usize].bind(py);
         let exc = match err {

@@ -175,9 +175,19 @@ fn histogram_threshold<T: Float>(isa: Isa, x: &[T], keep: usize) -> Option<u32> 
 /// are counted, not copied: memory stays near `keep`, however many values
 /// tie or crowd together.
 ///
-/// Errors: `NonFinite` naming `x` and the first NaN or infinity (a value that
-/// becomes infinite in f32 included).
+/// Errors: `InvalidConfig` when `threshold` is not the pattern of a finite
+/// `|x|` (above `f32::MAX.to_bits()`); `NonFinite` naming `x` and the first
+/// NaN or infinity (a value that becomes infinite in f32 included).
 pub fn batch_stats<T: Float>(x: &[T], threshold: u32, keep: usize) -> Result<BatchStats> {
+    if threshold > f32::MAX.to_bits() {
+        return Err(QuantError::invalid(
+            "threshold",
+            format!(
+                "expected the bit pattern of a finite |x| (at most {:#x}), got {threshold:#x}",
+                f32::MAX.to_bits()
+            ),
+        ));
+    }
     let isa = Isa::detected();
     let _env = crate::simd::fpenv::Pinned::new();
     let n = x.len();
@@ -774,6 +784,20 @@ mod tests {
             batch_stats(&bad, 0, 10),
             Err(QuantError::NonFinite { index: 1, .. })
         ));
+        // A threshold no finite |x| reaches is refused (t + 1 overflowed at
+        // u32::MAX); f32::MAX's own pattern is the largest allowed.
+        for t in [f32::INFINITY.to_bits(), u32::MAX, (-1.0f32).to_bits()] {
+            assert!(matches!(
+                batch_stats(&x, t, usize::MAX),
+                Err(QuantError::InvalidConfig {
+                    arg: "threshold",
+                    ..
+                })
+            ));
+        }
+        let s = batch_stats(&[f32::MAX, 1.0], f32::MAX.to_bits(), usize::MAX)?;
+        assert_eq!(s.candidates, vec![f32::MAX.to_bits()]);
+        assert_eq!(s.below_max, 1.0f32.to_bits());
         Ok(())
     }
 }

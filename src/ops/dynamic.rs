@@ -815,7 +815,8 @@ pub enum DynCodes<'a> {
 /// `out[i] = q[i] as f32 * scale` of element i's group: groups of `group`
 /// elements (the whole tensor per tensor, a row per row).
 ///
-/// Errors: `ShapeMismatch` when `scales` or `out` do not fit the codes.
+/// Errors: `InvalidConfig` for `group == 0` with values to dequantize;
+/// `ShapeMismatch` when `scales` or `out` do not fit the codes.
 pub fn dequantize_groups(
     codes: DynCodes<'_>,
     group: usize,
@@ -830,7 +831,13 @@ pub fn dequantize_groups(
     } else {
         n.div_ceil(group.max(1))
     };
-    if group == 0 && n > 0 || scales.len() != groups {
+    if group == 0 && n > 0 {
+        return Err(QuantError::invalid(
+            "group",
+            format!("expected at least 1 element a group for {n} values, got 0"),
+        ));
+    }
+    if scales.len() != groups {
         return Err(QuantError::len_mismatch("scales", groups, scales.len()));
     }
     match codes {
@@ -870,6 +877,19 @@ pub fn dequantize_groups(
 #[cfg(test)]
 mod mae_tests {
     use super::*;
+
+    #[test]
+    fn a_zero_group_is_named_as_such() {
+        let mut out = [0f32; 1];
+        let e = dequantize_groups(DynCodes::Int8(&[1]), 0, &[1.0], &mut out).unwrap_err();
+        assert!(
+            matches!(e, QuantError::InvalidConfig { arg: "group", .. }),
+            "{e}"
+        );
+        assert_eq!(out, [0.0]);
+        // No values: no group size needed.
+        assert!(dequantize_groups(DynCodes::Int8(&[]), 0, &[], &mut []).is_ok());
+    }
 
     #[test]
     fn mae_of_codes_is_mae_of_their_values() -> Result<()> {

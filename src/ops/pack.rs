@@ -11,8 +11,9 @@ pub fn packed_len(n: usize) -> usize {
 
 /// Writes codes into packed bytes in order, from any element position
 /// (a run may start in the high nibble of a byte another run began).
+/// Crate-internal: the drivers size `out` first; a write past it panics.
 #[derive(Debug)]
-pub struct Int4Writer<'a> {
+pub(crate) struct Int4Writer<'a> {
     out: &'a mut [u8],
     pos: usize,
 }
@@ -20,12 +21,12 @@ pub struct Int4Writer<'a> {
 impl<'a> Int4Writer<'a> {
     /// A writer whose first code goes to element `first` of `out`
     /// (`out[first / 2]`, low nibble if `first` is even).
-    pub fn new(out: &'a mut [u8], first: usize) -> Self {
+    pub(crate) fn new(out: &'a mut [u8], first: usize) -> Self {
         Int4Writer { out, pos: first }
     }
 
     /// Append `codes` (each in -8..=7).
-    pub fn write(&mut self, isa: Isa, codes: &[i8]) {
+    pub(crate) fn write(&mut self, isa: Isa, codes: &[i8]) {
         let mut c = codes;
         if self.pos % 2 == 1 {
             if let Some((&first, rest)) = c.split_first() {
@@ -51,7 +52,7 @@ impl Int4Writer<'_> {
     /// Append the affine int4 codes of f32 values (the codes
     /// `simd::affine_quantize_f32` gives), pairs packed straight from registers,
     /// bringing `ahead` toward the core meanwhile.
-    pub fn write_affine_f32(&mut self, isa: Isa, x: &[f32], a: Affine, ahead: &[f32]) {
+    pub(crate) fn write_affine_f32(&mut self, isa: Isa, x: &[f32], a: Affine, ahead: &[f32]) {
         let mut x = x;
         let mut one = [0i8; 1];
         if self.pos % 2 == 1 {
@@ -75,8 +76,9 @@ impl Int4Writer<'_> {
     }
 }
 
-/// Unpack elements `start .. start + out.len()` of a packed array.
-pub fn unpack_range(isa: Isa, packed: &[u8], start: usize, out: &mut [i8]) {
+/// Unpack elements `start .. start + out.len()` of a packed array (the
+/// caller checked they exist; crate-internal, as [`Int4Writer`]).
+pub(crate) fn unpack_range(isa: Isa, packed: &[u8], start: usize, out: &mut [i8]) {
     let mut pos = start;
     let mut skip = 0;
     if pos % 2 == 1 && !out.is_empty() {
