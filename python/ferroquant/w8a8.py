@@ -60,9 +60,9 @@ def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarr
         NonFiniteError: ``activation`` or ``weight_scales`` holds NaN or an infinity.
     """
     x = float_input(activation, "activation")
+    w = _weight(weight_i8)  # a wrong type is named before an empty activation
     if x.size == 0:
         raise EmptyInputError("activation is empty: expected at least one element")
-    w = _weight(weight_i8)
     out_f, in_f = w.shape
     if x.ndim != 1 or x.shape[0] != in_f:
         raise ShapeMismatchError(
