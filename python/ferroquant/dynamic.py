@@ -86,8 +86,10 @@ class Percentile(Record):
             p = exact_float(p)
         except Exception:  # too large for a float, or a broken __float__
             raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}") from None
-        # The value as given too: a long double just above 1 rounds to 1.0.
-        if not (0.0 < p <= 1.0) or not (0 < self.p <= 1):
+        # The upper bound on the value as given too: a long double just above 1
+        # rounds to 1.0. (The lower bound only on the exact float: a caller's
+        # denormals-are-zero flag would read a float32 subnormal as 0.)
+        if not (0.0 < p <= 1.0) or self.p > 1:
             raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}")
         object.__setattr__(self, "p", p)
 
