@@ -722,6 +722,47 @@ def test_compare_judges_overflow_as_quantize_and_dequantize_do(tmp_path):
     assert float(line.split()[-3]) == pytest.approx(want, rel=1e-3)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("scheme", ["blockwise8", "dynamic-int8", "ptq-int8", "int8"])
+def test_reported_errors_are_those_of_the_written_values(tmp_path, rng, scheme, dtype):
+    # Schemes that restore float32 from a half-precision source: dequantize
+    # writes the source dtype (float16 65504 comes back as 65532 in float32 under
+    # blockwise8, written as 65504), so quantize and compare must measure the
+    # values written.
+    src, q, d = (tmp_path / n for n in ("h.safetensors", "q.safetensors", "d.safetensors"))
+    w = (rng.standard_normal((8, 16)) * 3).astype(ml_dtypes.finfo(dtype).dtype)
+    if dtype == "float16":
+        w[0, 0] = 65504
+    # (bfloat16: its rounding of the restored values, 2^-8 relative, is what
+    # the errors must include.)
+    stn.save_file({"w": w}, str(src))
+    r = cli("quantize", str(src), "-o", str(q), "--scheme", scheme, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("w ")]
+    max_err, mean_err = (float(v) for v in line.split()[-3:-1])
+    assert cli("dequantize", str(q), "-o", str(d)).returncode == 0
+    back = stn.load_file(str(d))["w"]
+    assert back.dtype == w.dtype
+    err = np.abs(back.astype(np.float64) - w.astype(np.float64))
+    assert max_err == pytest.approx(err.max(), rel=1e-3, abs=1e-12)
+    assert mean_err == pytest.approx(err.mean(), rel=1e-3, abs=1e-12)
+    r = cli("compare", str(src), "--schemes", scheme, "--json")
+    (row,) = json.loads(r.stdout)["schemes"]
+    assert row["max_abs_err"] == pytest.approx(err.max(), rel=1e-9, abs=1e-12)
+
+
+def test_ptq_json_output_reports_the_errors_of_the_restored_model(tmp_path):
+    # 127 * (3.4028235e38 / 127) rounds past float32's largest value; the model
+    # restores it clamped, and the table says so rather than inf.
+    src, out = tmp_path / "m.safetensors", tmp_path / "m.json"
+    big = np.finfo(np.float32).max
+    stn.save_file({"fc.weight": np.array([[3e38, -big], [0, 1]], np.float32)}, str(src))
+    r = cli("quantize", str(src), "-o", str(out), "--scheme", "ptq-int8", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("fc.weight")]
+    assert all(np.isfinite(float(v)) for v in line.split()[-3:-1])
+
+
 def test_messages_stay_on_one_line_and_keep_what_follows_a_line_break(tmp_path, rng):
     # A path may hold a line break or an escape sequence: printed escaped, whole.
     bad = tmp_path / "bad\nfile.safetensors"

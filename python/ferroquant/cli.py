@@ -170,6 +170,18 @@ def _restore(values: np.ndarray, want: np.dtype) -> np.ndarray:
     return values
 
 
+def _as_written(restored: np.ndarray, dtype: np.dtype) -> Optional[np.ndarray]:
+    """The values ``ferroquant dequantize`` writes for ``restored`` (a tensor of
+    ``dtype`` quantized and dequantized): in ``dtype``, clamped as :func:`_restore`
+    clamps; None if a value is NaN (such a tensor is refused). One pass when the
+    dtype already fits and all is finite, the common case."""
+    if restored.dtype == dtype and _all_finite(restored):
+        return restored
+    if _any_nan(restored):
+        return None
+    return _restore(restored, dtype)
+
+
 def _shown(name: str) -> str:
     """A tensor name safe to print: quoted with escapes if it holds control characters."""
     return name if name.isprintable() else repr(name)
@@ -352,18 +364,14 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                     try:
                         q = _quantize_named(quantizer, arr, name)
                         ms = (time.perf_counter() - t0) * 1e3
-                        restored = quantizer.dequantize(q)
                         # Judged by the values `ferroquant dequantize` writes, as
-                        # compare judges them: an infinity a half step past the
-                        # dtype's largest value is clamped back to it; NaN stays
-                        # and refuses the tensor. One pass when all is finite.
-                        finite = True
-                        if not _all_finite(restored):
-                            finite = not _any_nan(restored)
-                            if finite:
-                                restored = _restore(restored, arr.dtype)
-                        max_err, mean_err = error_stats(arr, restored)
-                        del restored
+                        # compare judges them: in the source dtype, an infinity
+                        # past its largest value clamped back; NaN refuses it.
+                        written = _as_written(quantizer.dequantize(q), arr.dtype)
+                        finite = written is not None
+                        if written is not None:
+                            max_err, mean_err = error_stats(arr, written)
+                        del written
                     except QuantizationError as e:
                         raise CliError(f"tensor {name!r}: {e}") from None
                     except MemoryError:
@@ -562,7 +570,13 @@ def _quantize_json(
             except QuantizationError as e:
                 raise CliError(f"tensor {name!r}: {e}") from None
             ms = (time.perf_counter() - t0) * 1e3
-            max_err, mean_err = error_stats(arr, q.dequantize())
+            # As `ferroquant dequantize` restores the model's layers (_add_model).
+            want = FLOAT_DTYPES.get(q.dtype, np.dtype(np.float32))
+            written = _as_written(q.dequantize(), want)
+            if written is None:  # a finite int8 code times a finite scale: never
+                raise CliError(f"tensor {name!r}: dequantizes to values that are not finite")
+            max_err, mean_err = error_stats(arr, written)
+            del written
             layers.append(q)
             in_bytes += arr.nbytes + (bias.nbytes if bias is not None else 0)
             out_bytes += q.nbytes
@@ -804,17 +818,14 @@ def _compare(
                     if why is None:
                         tally.seconds += time.perf_counter() - t0
                         held = int(value.nbytes)
-                        restored = q.dequantize(value)
-                        del value
                         # Judged as `quantize` judges it: by the values `dequantize`
-                        # writes (an infinity a half step past the dtype's largest
-                        # value is clamped back; NaN stays).
-                        # One pass when all is finite, the common case.
-                        if not _all_finite(restored):
-                            if _any_nan(restored):
-                                why = "it dequantizes to values that are not finite"
-                            else:
-                                restored = _restore(restored, arr.dtype)
+                        # writes (see _as_written).
+                        written = _as_written(q.dequantize(value), arr.dtype)
+                        del value
+                        if written is None:
+                            why = "it dequantizes to values that are not finite"
+                        else:
+                            restored = written
                 if why is not None:
                     # A scheme the user named must fit; one of the defaults that
                     # cannot take this tensor is left out of the table, saying why.
