@@ -286,9 +286,10 @@ def test_only_ferroquants_own_pool_ever_runs_threads():
 def test_a_value_made_nan_during_calib_collect_is_reported_as_non_finite():
     # Another thread flips one value to NaN and back while collect reads the
     # batch (a data race on the caller's array): each call either sees a
-    # finite batch or raises NonFiniteError. collect reads a chunk more than
-    # once; a NaN arriving after the first read once reached the sums and
-    # surfaced as "InvalidConfigError: mean must be finite".
+    # finite batch or raises NonFiniteError naming that value. collect reads a
+    # chunk more than once; a NaN arriving after the first read once reached
+    # the sums and surfaced as "InvalidConfigError: mean must be finite", and
+    # one gone again by the rescan was reported at the next chunk's start.
     x = np.ones(1 << 20, np.float32)
     stop = threading.Event()
 
@@ -306,7 +307,9 @@ def test_a_value_made_nan_during_calib_collect_is_reported_as_non_finite():
                 s = fq.CalibStats.collect([x])
                 assert (s.min, s.max, s.mean, s.p99) == (1.0, 1.0, 1.0, 1.0)
                 outcomes.add("ok")
-            except fq.NonFiniteError:
+            except fq.NonFiniteError as e:
+                # The index of the value that was NaN, not a guess past it.
+                assert e.index == 123457
                 outcomes.add("non-finite")
     finally:
         stop.set()

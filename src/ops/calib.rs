@@ -82,7 +82,7 @@ fn part<T: Float>(
     };
     let r = simd::range_f32(isa, xf);
     if r.non_finite {
-        return Err(simd::scalar::first_non_finite(xf));
+        return non_finite_or_redo(isa, xf, k, threshold);
     }
     let (s1, s2) = simd::shifted_moments(isa, xf, k);
     let mut candidates = Vec::new();
@@ -105,7 +105,7 @@ fn part<T: Float>(
     // reported as such, not reach the sums or the candidates.
     let inf = f32::INFINITY.to_bits();
     if !(s1.is_finite() && s2.is_finite()) || candidates.iter().any(|&c| c >= inf) {
-        return Err(simd::scalar::first_non_finite(xf));
+        return non_finite_or_redo(isa, xf, k, threshold);
     }
     Ok(Part {
         min: r.min,
@@ -116,6 +116,24 @@ fn part<T: Float>(
         ties,
         below_max,
     })
+}
+
+/// A pass over `xf` saw a non-finite value: its index, or, if a rescan finds
+/// none (another thread wrote it and wrote it back: a data race on the
+/// caller's array), the chunk redone from a private copy, so every pass sees
+/// one state of it and an error names a value that was there.
+fn non_finite_or_redo(
+    isa: Isa,
+    xf: &[f32],
+    k: f64,
+    threshold: Option<u32>,
+) -> std::result::Result<Part, usize> {
+    let i = simd::scalar::first_non_finite(xf);
+    if i < xf.len() {
+        return Err(i);
+    }
+    let snapshot = xf.to_vec();
+    part(isa, &snapshot, k, threshold)
 }
 
 /// How many `|x|` of `xs` have the bit pattern `t`, and the largest pattern
