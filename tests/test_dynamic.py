@@ -192,7 +192,13 @@ def test_errors_name_the_argument():
     with pytest.raises(fq.ShapeMismatchError, match="x2d"):
         fq.dynamic_quantize_int8_per_row(np.zeros((2, 2, 2), np.float32))
     above_one = np.longdouble(1) + np.longdouble(2.0**-60)  # float() rounds it to 1.0
-    bads = [0.0, -0.1, 1.5, float("nan"), "0.5", True]
+
+    class Hostile(float):
+        def __gt__(self, other):  # type: ignore[override]
+            raise ZeroDivisionError
+
+    assert fq.Percentile(Hostile(0.5)).p == 0.5
+    bads = [0.0, -0.1, 1.5, float("nan"), "0.5", True, np.timedelta64(1)]
     if above_one > 1:  # long double wider than float64 on this platform
         bads.append(above_one)
     for bad in bads:

@@ -166,6 +166,10 @@ def test_errors_name_the_argument_and_change_nothing():
         fq.w8a8_matvec(w.tolist(), s, x)
     with pytest.raises(TypeError, match="weight_i8 must be an int8"):
         fq.w8a8_matvec(None, s, np.zeros(0, np.float32))  # the type, before emptiness
+    with pytest.raises(TypeError, match="weight_scales"):
+        fq.w8a8_matvec(w, None, np.zeros(0, np.float32))
+    with pytest.raises(TypeError, match="weight_scales"):
+        fq.w8a8_matmul(np.zeros((2, 0), np.int8), None, np.zeros((3, 0), np.float32))
     with pytest.raises(TypeError, match="weight_scales must be a floating array"):
         fq.w8a8_matvec(w, s.astype(np.int32), x)
     with pytest.raises(TypeError, match="weight_scales must be a floating array"):

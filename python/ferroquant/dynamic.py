@@ -78,7 +78,7 @@ class Percentile(Record):
 
     def __post_init__(self) -> None:
         p = self.p
-        if isinstance(p, (bool, np.bool_)) or not isinstance(
+        if isinstance(p, (bool, np.bool_, np.timedelta64)) or not isinstance(
             p, (int, float, np.floating, np.integer)
         ):
             raise InvalidConfigError(f"p must be a number in (0, 1], got {short_repr(p)}")
@@ -86,10 +86,12 @@ class Percentile(Record):
             p = exact_float(p)
         except Exception:  # too large for a float, or a broken __float__
             raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}") from None
-        # The upper bound on the value as given too: a long double just above 1
-        # rounds to 1.0. (The lower bound only on the exact float: a caller's
-        # denormals-are-zero flag would read a float32 subnormal as 0.)
-        if not (0.0 < p <= 1.0) or self.p > 1:
+        # A long double just above 1 rounds to 1.0: its upper bound is checked as
+        # given. (Nothing else is compared as given: a caller's denormals-are-zero
+        # flag would read a float32 subnormal as 0, and a float subclass may
+        # compare as it likes.)
+        wide = isinstance(self.p, np.floating) and self.p.dtype.itemsize > 8
+        if not (0.0 < p <= 1.0) or (wide and self.p > 1):
             raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}")
         object.__setattr__(self, "p", p)
 

@@ -59,16 +59,17 @@ def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarr
             read as float32).
         NonFiniteError: ``activation`` or ``weight_scales`` holds NaN or an infinity.
     """
+    # Every argument's type is checked before the empty activation is named.
     x = float_input(activation, "activation")
-    w = _weight(weight_i8)  # a wrong type is named before an empty activation
+    w = _weight(weight_i8)
+    out_f, in_f = w.shape
+    s = _scales(weight_scales, out_f)
     if x.size == 0:
         raise EmptyInputError("activation is empty: expected at least one element")
-    out_f, in_f = w.shape
     if x.ndim != 1 or x.shape[0] != in_f:
         raise ShapeMismatchError(
             f"activation: expected shape ({in_f},) (in_features), got {x.shape}"
         )
-    s = _scales(weight_scales, out_f)
     return _native.w8a8_product(w, out_f, in_f, s, x, None)
 
 
@@ -88,11 +89,11 @@ def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndar
     x = float_input(activations, "activations")
     w = _weight(weight_i8)
     out_f, in_f = w.shape
+    s = _scales(weight_scales, out_f)
     if in_f == 0:
         raise EmptyInputError("activations are empty: in_features is 0")
     if x.ndim != 2 or x.shape[1] != in_f:
         raise ShapeMismatchError(f"activations: expected shape (tokens, {in_f}), got {x.shape}")
-    s = _scales(weight_scales, out_f)
     tokens = x.shape[0]
     flat = _native.w8a8_product(w, out_f, in_f, s, x, tokens)
     return flat.reshape(tokens, out_f)
