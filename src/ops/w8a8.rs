@@ -37,7 +37,7 @@ use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::ops::dynamic::{self, DynCodesMut, DynFormat, ScaleMode};
 use crate::parallel;
-use crate::simd::{self, Isa};
+use crate::simd::{self, Isa, PackedTokens};
 use rayon::prelude::*;
 
 /// Bytes of weight rows one task keeps in L2 while every token of a block
@@ -180,14 +180,48 @@ pub fn w8a8_matmul_with<T: Float>(
     }
     let mut a_scales = vec![0f32; tokens];
     quantize_activations(isa, activations, batch, in_f, codes, &mut a_scales, arg)?;
-    let codes = &*codes;
     let dims = Dims {
         isa,
         in_f,
         out_f,
         tokens,
     };
-    parallel::run(weight.len().saturating_mul(tokens), |par| {
+    let block = block_tokens(in_f);
+    if simd::i8_dots_packs(isa, tokens.min(block)) {
+        // A block of tokens at a time, laid out once and shared by every
+        // part of the weight: packed by each part, it was copied four times
+        // a thread with the pool; packed all at once, it would hold up to
+        // twice the codes' bytes.
+        for (b, cb) in codes.chunks(block * in_f).enumerate() {
+            let (t0, bt) = (b * block, cb.len() / in_f);
+            let packed = [simd::pack_tokens(isa, cb, in_f)];
+            let dims = Dims { tokens: bt, ..dims };
+            let out = &mut out[t0 * out_f..(t0 + bt) * out_f];
+            every_part(dims, weight, weight_scales, &packed, &a_scales[t0..], out);
+        }
+    } else {
+        let blocks: Vec<_> = codes
+            .chunks(block * in_f)
+            .map(|cb| PackedTokens::unpacked(cb, in_f))
+            .collect();
+        every_part(dims, weight, weight_scales, &blocks, &a_scales, out);
+    }
+    Ok(())
+}
+
+/// Every part of the weight's rows against the token `blocks` (of
+/// [`block_tokens`] each; `dims.tokens` in all), on the pool when the work
+/// is large enough.
+fn every_part(
+    dims: Dims,
+    weight: &[i8],
+    weight_scales: &[f32],
+    blocks: &[PackedTokens<'_>],
+    a_scales: &[f32],
+    out: &mut [f32],
+) {
+    let Dims { in_f, out_f, .. } = dims;
+    parallel::run(weight.len().saturating_mul(dims.tokens), |par| {
         let rows = part_rows(dims, par);
         // Each part gets the weight from its first row to the end: it reads
         // its own rows and prefetches the next part's first ones.
@@ -195,7 +229,7 @@ pub fn w8a8_matmul_with<T: Float>(
         if !par {
             for (p, sp) in weight_scales.chunks(rows).enumerate() {
                 let out = &mut out[p * rows..];
-                products(dims, from(p), sp, codes, &a_scales, out, out_f);
+                products(dims, from(p), sp, blocks, a_scales, out, out_f);
             }
             return;
         }
@@ -213,8 +247,8 @@ pub fn w8a8_matmul_with<T: Float>(
                     dims,
                     from(p),
                     sp,
-                    codes,
-                    &a_scales,
+                    blocks,
+                    a_scales,
                     &mut part,
                     |t0, block| {
                         let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
@@ -223,7 +257,6 @@ pub fn w8a8_matmul_with<T: Float>(
                 );
             });
     });
-    Ok(())
 }
 
 fn mismatch(arg: &'static str, expected: String, actual: usize) -> QuantError {
@@ -285,10 +318,10 @@ fn panel_rows(in_f: usize) -> usize {
 
 /// Weight rows in one part of the work: a panel that stays in cache while
 /// every block of tokens passes over it, or, where the kernel packs the
-/// tokens (a copy a call), the most rows a call: all of them, or four parts
-/// a thread with the pool (with two a thread, 32 tokens x 4096² at 2 threads
-/// took 1.85-3.1 ms from run to run, one slow part holding up the call; with
-/// four, 1.8-2.2 ms, for a copy of the tokens per part).
+/// tokens (once a call, shared by the parts), the most rows a call: all of
+/// them, or four parts a thread with the pool (with two a thread, 32 tokens
+/// x 4096² at 2 threads took 1.85-3.1 ms from run to run, one slow part
+/// holding up the call; with four, 1.8-2.2 ms).
 fn part_rows(dims: Dims, par: bool) -> usize {
     let Dims {
         isa,
@@ -308,23 +341,23 @@ fn part_rows(dims: Dims, par: bool) -> usize {
 }
 
 /// One part of weight rows (the first `w_scales.len()` rows of `w`) against
-/// every token, block by block ([`TOKEN_BLOCK_BYTES`] of tokens), rescaled
-/// by the kernel into `out[t * stride + r]`.
+/// every token, block by block (`blocks`: [`TOKEN_BLOCK_BYTES`] of tokens
+/// each, packed), rescaled by the kernel into `out[t * stride + r]`.
 fn products(
     dims: Dims,
     w: &[i8],
     w_scales: &[f32],
-    codes: &[i8],
+    blocks: &[PackedTokens<'_>],
     a_scales: &[f32],
     out: &mut [f32],
     stride: usize,
 ) {
     let Dims { isa, in_f, .. } = dims;
     let block = block_tokens(in_f);
-    for (b, cb) in codes.chunks(block * in_f).enumerate() {
-        let (t0, bt) = (b * block, cb.len() / in_f);
+    for (b, cb) in blocks.iter().enumerate() {
+        let (t0, bt) = (b * block, cb.tokens());
         let (a_s, out) = (&a_scales[t0..t0 + bt], &mut out[t0 * stride..]);
-        simd::i8_products(isa, w, cb, in_f, w_scales, a_s, out, stride);
+        simd::i8_products(isa, w, cb, w_scales, a_s, out, stride);
     }
 }
 
@@ -334,18 +367,18 @@ fn products_blocks(
     dims: Dims,
     w: &[i8],
     w_scales: &[f32],
-    codes: &[i8],
+    blocks: &[PackedTokens<'_>],
     a_scales: &[f32],
     part: &mut Vec<f32>,
     mut sink: impl FnMut(usize, &[f32]),
 ) {
     let Dims { isa, in_f, .. } = dims;
     let (block, rows) = (block_tokens(in_f), w_scales.len());
-    for (b, cb) in codes.chunks(block * in_f).enumerate() {
-        let (t0, bt) = (b * block, cb.len() / in_f);
+    for (b, cb) in blocks.iter().enumerate() {
+        let (t0, bt) = (b * block, cb.tokens());
         part.resize(bt * rows, 0.0);
         let a_s = &a_scales[t0..t0 + bt];
-        simd::i8_products(isa, w, cb, in_f, w_scales, a_s, part, rows);
+        simd::i8_products(isa, w, cb, w_scales, a_s, part, rows);
         sink(t0, part);
     }
 }

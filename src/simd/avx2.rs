@@ -2,9 +2,10 @@
 //! scalar kernel, which computes the same values.
 
 use super::kernels::{
-    Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN, PACKED_MIN_TOKENS,
+    products_via_dots, Affine, Kernels, PackedTokens, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN,
 };
 use super::scalar::{self, quantize_one, Scalar};
+use super::Isa;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -1027,23 +1028,22 @@ unsafe fn outer_rows<const R: usize>(
     }
 }
 
-/// [`Kernels::i8_products`] by outer products: the tokens packed once, then
-/// tiles of rows against every group, rescaled. `false` (nothing written)
-/// when a buffer cannot be allocated.
+/// [`Kernels::i8_products`] by outer products over the tokens packed by
+/// [`pack_pairs`]: tiles of rows against every group, rescaled. `false`
+/// (nothing written) when a buffer cannot be allocated.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn outer_products(
     w: &[i8],
-    a: &[i8],
+    packed: &[u32],
+    tokens: usize,
     k: usize,
     w_scales: &[f32],
     a_scales: &[f32],
     out: &mut [f32],
     stride: usize,
 ) -> bool {
-    let (rows, tokens) = (w_scales.len().min(w.len() / k), a.len() / k);
-    let Some(packed) = pack_pairs(a, k) else {
-        return false;
-    };
+    let rows = w_scales.len().min(w.len() / k);
     let kp = k.div_ceil(2);
     let mut wb = Vec::new();
     if wb.try_reserve_exact(TILE * kp).is_err() {
@@ -1087,13 +1087,13 @@ unsafe fn outer_products(
     let mut r0 = 0;
     while r0 + TILE <= rows {
         // SAFETY: AVX2 per the caller; the tile's rows lie inside `w`.
-        unsafe { outer_rows::<TILE>(&w[r0 * k..], k, &packed, &mut wb, &mut acc, &mut tot) };
+        unsafe { outer_rows::<TILE>(&w[r0 * k..], k, packed, &mut wb, &mut acc, &mut tot) };
         put::<TILE>(out, stride, r0, &tot, w_scales, a_scales);
         r0 += TILE;
     }
     while r0 < rows {
         // SAFETY: as above, one row.
-        unsafe { outer_rows::<1>(&w[r0 * k..], k, &packed, &mut wb, &mut acc1, &mut tot1) };
+        unsafe { outer_rows::<1>(&w[r0 * k..], k, packed, &mut wb, &mut acc1, &mut tot1) };
         put::<1>(out, stride, r0, &tot1, w_scales, a_scales);
         r0 += 1;
     }
@@ -1334,29 +1334,35 @@ impl Kernels for Avx2 {
         }
     }
 
+    const PACKS: Option<Isa> = Some(Isa::Avx2);
+
+    #[inline(always)]
+    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+        pack_pairs(a, k).map(|words| (words, Vec::new()))
+    }
+
     #[inline(always)]
     unsafe fn i8_products(
         w: &[i8],
-        a: &[i8],
-        k: usize,
+        p: &PackedTokens<'_>,
         w_scales: &[f32],
         a_scales: &[f32],
         out: &mut [f32],
         stride: usize,
     ) {
-        let (rows, tokens) = (w_scales.len().min(w.len() / k), a.len() / k);
-        // SAFETY: AVX2 per the Kernels contract; outputs are written through
-        // bounds-checked indexing.
-        if tokens >= PACKED_MIN_TOKENS
-            && rows <= stride
-            && unsafe { outer_products(w, a, k, w_scales, a_scales, out, stride) }
-        {
-            return;
+        let (k, tokens) = (p.k, p.tokens());
+        let rows = w_scales.len().min(w.len() / k);
+        if let Some((packed, _)) = p.packed_by(Self::PACKS) {
+            // SAFETY: AVX2 per the Kernels contract; outputs are written
+            // through bounds-checked indexing.
+            if rows <= stride
+                && unsafe { outer_products(w, packed, tokens, k, w_scales, a_scales, out, stride) }
+            {
+                return;
+            }
         }
         // SAFETY: forwarded from this function's contract.
-        unsafe {
-            super::kernels::products_via_dots::<Self>(w, a, k, w_scales, a_scales, out, stride)
-        }
+        unsafe { products_via_dots::<Self>(w, p.codes, k, w_scales, a_scales, out, stride) }
     }
 
     #[inline(always)]

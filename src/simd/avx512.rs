@@ -2,10 +2,11 @@
 //! so a block of any length runs without a scalar remainder loop.
 
 use super::kernels::{
-    products_via_dots, Affine, Kernels, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN,
-    PACKED_MIN_TOKENS,
+    products_via_dots, Affine, Kernels, PackedTokens, Range, Store, F32_FAST_LIMIT,
+    F32_FAST_MARGIN, PACKED_MIN_TOKENS,
 };
 use super::scalar;
+use super::Isa;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
@@ -964,20 +965,25 @@ const OUTER_CHUNK_GROUPS: usize = scalar::DOT_CHUNK / 4;
 
 /// Activations laid out for [`outer_tile`]: per block of up to 32 tokens, per
 /// group `g` of four bytes, the group of each token in turn (`lanes` of
-/// them, 16 or 32), the codes as they are (the signed operand). Bytes past
-/// `k` and lanes past the block's tokens are 0, so they add nothing. `sums`
-/// gets each token's `Σa` (the weight is offset by 128, so `128·Σa` is
-/// taken off each product).
+/// them, 16 or 32), the codes as they are (the signed operand) in one little-
+/// endian word. Bytes past `k` and lanes past the block's tokens are 0, so
+/// they add nothing. With each token's `Σa` (the weight is offset by 128, so
+/// `128·Σa` is taken off each product). `None` if a buffer cannot be
+/// allocated.
 #[inline(always)]
-fn pack_tokens(a: &[i8], k: usize, tokens: usize, out: &mut Vec<u8>, sums: &mut Vec<i64>) {
+fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+    let tokens = a.len() / k;
     let groups = k.div_ceil(4);
-    out.clear();
-    sums.clear();
+    let blocks = tokens.div_ceil(OUTER_TOKENS);
+    let (mut out, mut sums) = (Vec::new(), Vec::new());
+    out.try_reserve_exact(blocks.checked_mul(groups)?.checked_mul(OUTER_TOKENS)?)
+        .ok()?;
+    sums.try_reserve_exact(tokens).ok()?;
     for t0 in (0..tokens).step_by(OUTER_TOKENS) {
         let tb = (tokens - t0).min(OUTER_TOKENS);
         let lanes = if tb > 16 { 32 } else { 16 };
         let base = out.len();
-        out.resize(base + groups * lanes * 4, 0);
+        out.resize(base + groups * lanes, 0);
         let block = &mut out[base..];
         for t in 0..tb {
             let row = &a[(t0 + t) * k..(t0 + t + 1) * k];
@@ -987,23 +993,16 @@ fn pack_tokens(a: &[i8], k: usize, tokens: usize, out: &mut Vec<u8>, sums: &mut 
                 sum.map(|c| c.iter().map(|&v| v as i32).sum::<i32>() as i64)
                     .sum(),
             );
-            let mut quads = row.chunks_exact(4);
-            let mut g = 0;
-            for q in &mut quads {
-                let at = (g * lanes + t) * 4;
-                block[at..at + 4]
-                    .copy_from_slice(&[q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]);
-                g += 1;
-            }
-            let rest = quads.remainder();
-            if !rest.is_empty() {
-                let at = (g * lanes + t) * 4;
-                for (d, &v) in block[at..at + rest.len()].iter_mut().zip(rest) {
+            for (g, q) in row.chunks(4).enumerate() {
+                let mut quad = [0u8; 4];
+                for (d, &v) in quad.iter_mut().zip(q) {
                     *d = v as u8;
                 }
+                block[g * lanes + t] = u32::from_le_bytes(quad);
             }
         }
     }
+    Some((out, sums))
 }
 
 /// Groups of four bytes a row copied into the L1 buffer at a time (1 KiB).
@@ -1115,7 +1114,7 @@ unsafe fn outer_rows<const R: usize>(
     w: &[i8],
     r0: usize,
     k: usize,
-    (packed, token_sums): (&[u8], &[i64]),
+    (packed, token_sums): (&[u32], &[i64]),
     tokens: usize,
     out: &mut Products<'_>,
 ) {
@@ -1141,8 +1140,8 @@ unsafe fn outer_rows<const R: usize>(
         for t0 in (0..tokens).step_by(OUTER_TOKENS) {
             let tb = (tokens - t0).min(OUTER_TOKENS);
             let lanes = if tb > 16 { 32 } else { 16 };
-            let block = packed.as_ptr().add(at);
-            at += groups * lanes * 4;
+            let block = packed.as_ptr().add(at).cast::<u8>();
+            at += groups * lanes;
             let mut total = if lanes == 32 {
                 outer_tile::<R, 2>(wp, k, block, full, ahead)
             } else {
@@ -1207,38 +1206,35 @@ enum Products<'a> {
     },
 }
 
-/// The outer-product form of `i8_dots` (VNNI, `tokens >= PACKED_MIN_TOKENS`):
-/// the activations packed once, then twelve rows at a time against every
-/// block of 32 tokens, accumulators in registers over the whole row, no
-/// horizontal sums. `false` if the packed copy could not be allocated (the
-/// caller then runs the dot-product form).
+/// The outer-product form of `i8_dots` (VNNI, `tokens >= PACKED_MIN_TOKENS`)
+/// over tokens laid out by [`pack_quads`]: twelve rows at a time against
+/// every block of 32 tokens, accumulators in registers over the whole row,
+/// no horizontal sums.
 #[inline(always)]
-unsafe fn outer_all(w: &[i8], rows: usize, a: &[i8], k: usize, mut out: Products<'_>) -> bool {
-    let tokens = a.len() / k;
-    let blocks = tokens.div_ceil(OUTER_TOKENS);
-    let (mut packed, mut sums) = (Vec::new(), Vec::new());
-    let room = packed.try_reserve_exact(blocks * k.div_ceil(4) * OUTER_TOKENS * 4);
-    if room.is_err() || sums.try_reserve_exact(tokens).is_err() {
-        return false;
-    }
-    pack_tokens(a, k, tokens, &mut packed, &mut sums);
+unsafe fn outer_all(
+    w: &[i8],
+    rows: usize,
+    (packed, sums): (&[u32], &[i64]),
+    k: usize,
+    mut out: Products<'_>,
+) {
+    let tokens = sums.len();
     let mut r = 0;
     // SAFETY: AVX-512F/BW/VNNI per the caller; every tile stays inside `rows`.
     unsafe {
         while r + 12 <= rows {
-            outer_rows::<12>(w, r, k, (&packed, &sums), tokens, &mut out);
+            outer_rows::<12>(w, r, k, (packed, sums), tokens, &mut out);
             r += 12;
         }
         while r + 4 <= rows {
-            outer_rows::<4>(w, r, k, (&packed, &sums), tokens, &mut out);
+            outer_rows::<4>(w, r, k, (packed, sums), tokens, &mut out);
             r += 4;
         }
         while r < rows {
-            outer_rows::<1>(w, r, k, (&packed, &sums), tokens, &mut out);
+            outer_rows::<1>(w, r, k, (packed, sums), tokens, &mut out);
             r += 1;
         }
     }
-    true
 }
 
 /// Tokens whose byte sums are taken at once (a stack buffer).
@@ -1250,11 +1246,12 @@ const SUM_BLOCK: usize = 64;
 unsafe fn dots_all<const VNNI: bool>(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]) {
     let (rows, tokens) = (rows.min(w.len() / k), a.len() / k);
     // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
-    if VNNI
-        && tokens >= PACKED_MIN_TOKENS
-        && unsafe { outer_all(w, rows, a, k, Products::Raw(out)) }
-    {
-        return;
+    if VNNI && tokens >= PACKED_MIN_TOKENS {
+        if let Some((packed, sums)) = pack_quads(a, k) {
+            // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
+            unsafe { outer_all(w, rows, (&packed, &sums), k, Products::Raw(out)) };
+            return;
+        }
     }
     // SAFETY: AVX-512F/BW(/VNNI) per the caller; every tile reads whole rows
     // of `w` and tokens of `a` inside the slices; `out` is written through
@@ -1599,32 +1596,42 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
         unsafe { dots_all::<VNNI>(w, rows, a, k, out) }
     }
 
+    const PACKS: Option<Isa> = if VNNI { Some(Isa::Avx512Vnni) } else { None };
+
+    #[inline(always)]
+    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+        pack_quads(a, k)
+    }
+
     #[inline(always)]
     unsafe fn i8_products(
         w: &[i8],
-        a: &[i8],
-        k: usize,
+        p: &PackedTokens<'_>,
         w_scales: &[f32],
         a_scales: &[f32],
         out: &mut [f32],
         stride: usize,
     ) {
-        let (rows, tokens) = (w_scales.len().min(w.len() / k), a.len() / k);
-        if VNNI && tokens >= PACKED_MIN_TOKENS && rows <= stride {
-            let scaled = Products::Scaled {
-                out: &mut *out,
-                stride,
-                w_scales,
-                a_scales,
-            };
-            // SAFETY: VNNI per the caller (the const); `rows` fit `w`; the
-            // outputs are written through bounds-checked indexing.
-            if unsafe { outer_all(w, rows, a, k, scaled) } {
-                return;
+        let k = p.k;
+        let rows = w_scales.len().min(w.len() / k);
+        match p.packed_by(Self::PACKS) {
+            Some(packed) if rows <= stride => {
+                let scaled = Products::Scaled {
+                    out,
+                    stride,
+                    w_scales,
+                    a_scales,
+                };
+                // SAFETY: VNNI per the caller (PACKS is set only then);
+                // `rows` fit `w`; the outputs are written through
+                // bounds-checked indexing.
+                unsafe { outer_all(w, rows, packed, k, scaled) }
             }
+            // SAFETY: forwarded from this function's contract.
+            _ => unsafe {
+                products_via_dots::<Self>(w, p.codes, k, w_scales, a_scales, out, stride)
+            },
         }
-        // SAFETY: forwarded from this function's contract.
-        unsafe { products_via_dots::<Self>(w, a, k, w_scales, a_scales, out, stride) }
     }
 
     #[inline(always)]

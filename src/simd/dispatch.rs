@@ -5,7 +5,9 @@
 //! which implementation it runs, and a tier without its own primitive falls to
 //! its base tier's, never silently to scalar.
 
-use super::kernels::{AbsmaxRule, Affine, Kernels, Range, Store, F32_INF_BITS, PACKED_MIN_TOKENS};
+use super::kernels::{
+    AbsmaxRule, Affine, Kernels, PackedTokens, Range, Store, F32_INF_BITS, PACKED_MIN_TOKENS,
+};
 use super::scalar::{self, Scalar};
 use super::Isa;
 #[cfg(target_arch = "x86_64")]
@@ -198,15 +200,36 @@ primitive!(
 );
 primitive!(
     /// Rescaled int8 products of the first `w_scales.len()` rows of `w` with
-    /// every token of `a`: `out[t * stride + r] = (acc as f32 * w_scales[r]) *
-    /// a_scales[t]`, `acc` the exact sum (see `Kernels::i8_products`).
-    i8_products(w: &[i8], a: &[i8], k: usize, w_scales: &[f32], a_scales: &[f32], out: &mut [f32], stride: usize) -> ()
+    /// every token of `p`: `out[t * stride + r] = (acc as f32 * w_scales[r]) *
+    /// a_scales[t]`, `acc` the exact sum (see `Kernels::i8_products`). Tokens
+    /// packed for another tier are read as given: the same results, slower.
+    i8_products(w: &[i8], p: &PackedTokens<'_>, w_scales: &[f32], a_scales: &[f32], out: &mut [f32], stride: usize) -> ()
 );
 
-/// Whether [`i8_products`] on `isa` packs `tokens` activations (a copy each
-/// call, then outer products over them; on AVX-512 VNNI [`i8_dots`] too):
-/// callers should then hand it many rows per call, not a small panel at a
-/// time.
+#[inline(always)]
+unsafe fn pack_tokens_generic<K: Kernels>(a: &[i8], k: usize) -> PackedTokens<'_> {
+    let mut p = PackedTokens::unpacked(a, k);
+    if K::PACKS.is_some() && k >= 1 && a.len() / k >= PACKED_MIN_TOKENS {
+        // SAFETY: forwarded from this function's contract.
+        if let Some((words, sums)) = unsafe { K::pack_tokens(a, k) } {
+            (p.by, p.words, p.sums) = (K::PACKS, words, sums);
+        }
+    }
+    p
+}
+
+dispatch! {
+    /// The tokens of `a` (`k` wide) laid out once for [`i8_products`] on
+    /// `isa`, to be shared by every call over them. On a tier without a
+    /// packed form, below [`PACKED_MIN_TOKENS`] tokens, or when the copy
+    /// cannot be allocated, the tokens as they are.
+    pub fn pack_tokens = pack_tokens_generic(a: &[i8], k: usize) -> PackedTokens<'_>;
+}
+
+/// Whether [`pack_tokens`] on `isa` packs `tokens` activations (a copy, then
+/// outer products over them; on AVX-512 VNNI [`i8_dots`] too): callers
+/// should then hand [`i8_products`] many rows per call, not a small panel at
+/// a time.
 pub fn i8_dots_packs(isa: Isa, tokens: usize) -> bool {
     matches!(isa.usable(), Isa::Avx512Vnni | Isa::Avx2) && tokens >= PACKED_MIN_TOKENS
 }

@@ -4,6 +4,7 @@
 //! parameter, chosen by the family in `ops/`. The scalar implementation
 //! (`scalar.rs`) is the specification of every primitive.
 
+use super::Isa;
 use half::{bf16, f16};
 
 /// Bits of `+inf` in f32: an absolute value's bits at or above this are non-finite.
@@ -242,24 +243,34 @@ pub(crate) trait Kernels {
     /// Bytes of `w` past those rows are not read, only prefetched (the next
     /// call's rows). Exact for any `k` and any bytes (see `scalar::i8_dot`).
     unsafe fn i8_dots(w: &[i8], rows: usize, a: &[i8], k: usize, out: &mut [i64]);
+    /// The tier whose layout [`Kernels::pack_tokens`] writes, if it packs.
+    const PACKS: Option<Isa> = None;
+    /// The tokens of `a` (`k >= 1` wide) laid out for this tier's outer
+    /// products, and each token's `Σa` where the tier needs it; `None` where
+    /// the tier has no packed form, below [`PACKED_MIN_TOKENS`] tokens, or
+    /// when the copy cannot be allocated.
+    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+        let _ = (a, k);
+        None
+    }
     /// The rescaled W8A8 products of the first `rows = w_scales.len()` rows
-    /// of `w` (stride `k`) with the `tokens = a.len() / k` tokens of `a`:
+    /// of `w` (stride `k`) with the `tokens` of `p`:
     /// `out[t·stride + r] = (acc as f32 · w_scales[r]) · a_scales[t]`, `acc`
     /// the exact sum of `i8_dots`, in f32, left to right (`rows <= stride`,
     /// `a_scales.len() >= tokens`, `out` holding `(tokens - 1)·stride + rows`
-    /// values). Bytes of `w` past those rows are only prefetched.
+    /// values). Bytes of `w` past those rows are only prefetched. Tokens
+    /// packed by another tier (or not at all) go through `i8_dots`.
     #[inline(always)]
     unsafe fn i8_products(
         w: &[i8],
-        a: &[i8],
-        k: usize,
+        p: &PackedTokens<'_>,
         w_scales: &[f32],
         a_scales: &[f32],
         out: &mut [f32],
         stride: usize,
     ) {
         // SAFETY: forwarded from this function's contract.
-        unsafe { products_via_dots::<Self>(w, a, k, w_scales, a_scales, out, stride) }
+        unsafe { products_via_dots::<Self>(w, p.codes, p.k, w_scales, a_scales, out, stride) }
     }
     /// For each row `r < out.len()`: `out[r] = (Σ x[i] · (q[r·stride + i] as
     /// f32 - zps[r])) · scales[r]` over `i < x.len()`, the sum in the order
@@ -390,6 +401,47 @@ pub(crate) trait Kernels {
     /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
     /// the high one, over `min(p.len(), out.len() / 2)` bytes.
     unsafe fn unpack_int4(p: &[u8], out: &mut [i8]);
+}
+
+/// Int8 tokens for `simd::i8_products`, laid out once (by
+/// `simd::pack_tokens`) and shared by every part of a call: each part used
+/// to pack its own copy, four a thread with the pool.
+pub struct PackedTokens<'a> {
+    /// The tokens as given, `k` wide: every tier can read them.
+    pub(crate) codes: &'a [i8],
+    pub(crate) k: usize,
+    /// The tier whose layout `words` is in; `None` when nothing was packed.
+    pub(crate) by: Option<Isa>,
+    pub(crate) words: Vec<u32>,
+    pub(crate) sums: Vec<i64>,
+}
+
+impl<'a> PackedTokens<'a> {
+    /// `codes` (`k >= 1` wide) as they are, packed by no tier.
+    pub fn unpacked(codes: &'a [i8], k: usize) -> Self {
+        PackedTokens {
+            codes,
+            k,
+            by: None,
+            words: Vec::new(),
+            sums: Vec::new(),
+        }
+    }
+
+    /// The tier whose layout the tokens were packed in, `None` if unpacked.
+    pub fn layout(&self) -> Option<Isa> {
+        self.by
+    }
+
+    /// The number of tokens.
+    pub fn tokens(&self) -> usize {
+        self.codes.len() / self.k.max(1)
+    }
+
+    /// The packed words, if tier `isa` laid them out.
+    pub(crate) fn packed_by(&self, isa: Option<Isa>) -> Option<(&[u32], &[i64])> {
+        (isa.is_some() && self.by == isa).then_some((&self.words[..], &self.sums[..]))
+    }
 }
 
 /// Rows a block of [`products_via_dots`] sums at once.

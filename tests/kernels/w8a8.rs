@@ -69,13 +69,28 @@ fn rescaled_products_match_scalar_on_every_isa() {
                 let a = bytes(tokens * k, (k * 5 + tokens) as u64);
                 let ws: Vec<f32> = (0..rows).map(|r| 1e-3 * (1 + r % 7) as f32 / 3.0).collect();
                 let at: Vec<f32> = (0..tokens).map(|t| 0.37 / (1 + t) as f32).collect();
-                let run = |isa: Isa| {
+                // Tokens packed by tier `by`, the products on tier `isa`
+                // (a layout of another tier is read as the plain codes).
+                let run = |by: Isa, isa: Isa| {
                     let mut out = vec![f32::NAN; (tokens - 1) * stride + rows];
-                    simd::i8_products(isa, &w, &a, k, &ws, &at, &mut out, stride);
+                    let p = simd::pack_tokens(by, &a, k);
+                    simd::i8_products(isa, &w, &p, &ws, &at, &mut out, stride);
                     out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
                 };
-                let want = run(Isa::Scalar);
-                assert_eq!(run(isa), want, "{isa:?} k {k} rows {rows} tokens {tokens}");
+                // VNNI and AVX2 pack from 16 tokens; the other tiers never.
+                let packs = tokens >= 16 && matches!(isa, Isa::Avx512Vnni | Isa::Avx2);
+                let layout = simd::pack_tokens(isa, &a, k).layout();
+                assert_eq!(layout, packs.then_some(isa), "{isa:?} {tokens} tokens");
+                let want = run(Isa::Scalar, Isa::Scalar);
+                let at_k = format!("k {k} rows {rows} tokens {tokens}");
+                assert_eq!(run(isa, isa), want, "{isa:?} {at_k}");
+                for other in Isa::supported() {
+                    assert_eq!(
+                        run(other, isa),
+                        want,
+                        "packed {other:?}, run {isa:?} {at_k}"
+                    );
+                }
                 // The scalar form is the exact sum rescaled left to right.
                 let exact = dots(Isa::Scalar, &w[..rows * k], &a, k);
                 for t in 0..tokens {
@@ -149,7 +164,8 @@ fn sums_past_i32_are_exact_on_every_isa() {
             let (rows, tokens) = (5, 17);
             let (w, a) = (vec![wv; rows * k], vec![av; tokens * k]);
             let mut out = vec![f32::NAN; rows * tokens];
-            simd::i8_products(isa, &w, &a, k, &[1.0; 5], &[1.0; 17], &mut out, rows);
+            let p = simd::pack_tokens(isa, &a, k);
+            simd::i8_products(isa, &w, &p, &[1.0; 5], &[1.0; 17], &mut out, rows);
             let want = (wv as i64 * av as i64 * k as i64) as f32;
             assert!(
                 out.iter().all(|&v| v == want),
@@ -162,38 +178,41 @@ fn sums_past_i32_are_exact_on_every_isa() {
 
 #[test]
 fn products_do_not_depend_on_isa_or_thread_count() {
-    let (o, i, t) = (700usize, 1000usize, 20usize);
-    let w = bytes(o * i, 9);
-    let ws: Vec<f32> = (0..o).map(|r| 1e-3 * (1 + r % 13) as f32).collect();
-    let mut r = Rng(77);
-    let x: Vec<f32> = (0..t * i).map(|_| (r.unit() - 0.5) * 6.0).collect();
-    let run = |isa: Isa, batch: Batch, x: &[f32]| {
-        let n = match batch {
-            Batch::Vector => o,
-            Batch::Tokens(t) => t * o,
+    // 32,000 wide: blocks of 16 tokens (512 KiB of codes), so 37 tokens are
+    // two packed blocks and a short one that is not packed.
+    for (o, i, t) in [(700usize, 1000usize, 20usize), (13, 32_000, 37)] {
+        let w = bytes(o * i, 9);
+        let ws: Vec<f32> = (0..o).map(|r| 1e-3 * (1 + r % 13) as f32).collect();
+        let mut r = Rng(77);
+        let x: Vec<f32> = (0..t * i).map(|_| (r.unit() - 0.5) * 6.0).collect();
+        let run = |isa: Isa, batch: Batch, x: &[f32]| {
+            let n = match batch {
+                Batch::Vector => o,
+                Batch::Tokens(t) => t * o,
+            };
+            let mut out = vec![f32::NAN; n];
+            let mut codes = vec![0i8; x.len()];
+            w8a8_matmul_with(isa, &w, [o, i], &ws, x, batch, &mut codes, &mut out).unwrap();
+            out
         };
-        let mut out = vec![f32::NAN; n];
-        let mut codes = vec![0i8; x.len()];
-        w8a8_matmul_with(isa, &w, [o, i], &ws, x, batch, &mut codes, &mut out).unwrap();
-        out
-    };
-    let want_m = run(Isa::Scalar, Batch::Tokens(t), &x);
-    let want_v = run(Isa::Scalar, Batch::Vector, &x[..i]);
-    let results = with_threads(&[1, 2, 3], |_| {
-        Isa::supported()
-            .into_iter()
-            .map(|isa| {
-                (
-                    run(isa, Batch::Tokens(t), &x),
-                    run(isa, Batch::Vector, &x[..i]),
-                )
-            })
-            .collect::<Vec<_>>()
-    });
-    for per_isa in results {
-        for (m, v) in per_isa {
-            assert_eq!(m, want_m);
-            assert_eq!(v, want_v);
+        let want_m = run(Isa::Scalar, Batch::Tokens(t), &x);
+        let want_v = run(Isa::Scalar, Batch::Vector, &x[..i]);
+        let results = with_threads(&[1, 2, 3], |_| {
+            Isa::supported()
+                .into_iter()
+                .map(|isa| {
+                    (
+                        run(isa, Batch::Tokens(t), &x),
+                        run(isa, Batch::Vector, &x[..i]),
+                    )
+                })
+                .collect::<Vec<_>>()
+        });
+        for per_isa in results {
+            for (m, v) in per_isa {
+                assert_eq!(m, want_m, "{o} x {i}, {t} tokens");
+                assert_eq!(v, want_v, "{o} x {i}");
+            }
         }
     }
 }
