@@ -400,6 +400,27 @@ def test_smoothing_refuses_bad_arrays_and_changes_nothing(rng):
     assert b.tobytes() == b0.tobytes()
 
 
+def test_smoothing_refuses_results_past_float32_and_changes_nothing():
+    # Finite values and factors > 0 whose quotient or product is not finite:
+    # a subnormal factor, or a product past float32's largest value.
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    a0 = a.copy()
+    with pytest.raises(fq.InvalidConfigError, match=r"a\[0, 0\] / s\[0\]"):
+        fq.smooth_activations(a, np.array([1e-45, 1.0], np.float32))
+    assert a.tobytes() == a0.tobytes()
+    w = np.array([[2.0, 3e37], [1.0, 1.0]], np.float32)
+    w0 = w.copy()
+    with pytest.raises(fq.InvalidConfigError, match=r"w\[0, 1\] \* s\[1\]"):
+        fq.smooth_weights(w, np.array([1.0, 20.0], np.float32))
+    assert w.tobytes() == w0.tobytes()
+    # Up to the last value that stays finite, the results are the seed's.
+    big = np.float32(np.finfo(np.float32).max) / np.float32(20.0)
+    w = np.array([[big, -big]], np.float32)
+    fq.smooth_weights(w, np.array([20.0, 20.0], np.float32))
+    assert np.isfinite(w).all()
+    assert w[0, 0] == big * np.float32(20.0)
+
+
 def test_smooth_config_and_factor_errors(rng):
     for alpha in (-0.01, 1.01, float("nan")):
         with pytest.raises(fq.InvalidConfigError, match="alpha"):

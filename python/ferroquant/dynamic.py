@@ -442,8 +442,10 @@ def smooth_activations(a: np.ndarray, s: np.ndarray) -> np.ndarray:
         TypeError: ``s`` is not a floating array (any float dtype and layout is
             read, rounded to float32 value by value).
         ShapeMismatchError: ``a`` is not 2-D or ``s`` is not ``[in]``.
-        NonFiniteError / InvalidConfigError: ``a`` or ``s`` holds NaN or inf, or
-            a factor is not > 0.
+        NonFiniteError / InvalidConfigError: ``a`` or ``s`` holds NaN or inf, a
+            factor is not > 0, or a factor would take a finite value of ``a``
+            past float32's range (a subnormal factor, say; ``InvalidConfigError``
+            naming ``s`` and the element).
     """
     return _smooth(a, "a", s, False)
 

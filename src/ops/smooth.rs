@@ -185,37 +185,121 @@ fn first_non_finite(x: &[f32]) -> Option<usize> {
     (m >= F32_INF_BITS).then(|| x.iter().position(|v| !v.is_finite()).unwrap_or(0))
 }
 
-/// `a[i, j] /= s[j]` in place (rows of `s.len()`). Nothing is modified on
-/// error: `ShapeMismatch`, `NonFinite` (naming `a` or `s`), `InvalidConfig`
-/// for a factor <= 0.
-pub fn smooth_activations(a: &mut [f32], s: &[f32]) -> Result<()> {
-    // A caller's flush-to-zero flags would zero subnormal quotients.
-    let _env = crate::simd::fpenv::Pinned::new();
-    check_factors(a.len(), s, "a")?;
-    if let Some(index) = first_non_finite(a) {
-        return Err(QuantError::NonFinite { arg: "a", index });
+/// `v / f` (`multiply == false`) or `v * f`, in f32.
+#[inline(always)]
+fn apply(v: f32, f: f32, multiply: bool) -> f32 {
+    if multiply {
+        v * f
+    } else {
+        v / f
     }
-    for row in a.chunks_exact_mut(s.len().max(1)) {
+}
+
+/// The bits of the largest finite `b >= 0` whose `apply(b, f)` is finite
+/// (`f` finite, > 0): `f32::MAX` unless the factor can overflow. Division
+/// and multiplication round correctly, so the result grows with `|v|` and
+/// every `|v|` up to the bound stays finite.
+fn finite_bound(f: f32, multiply: bool) -> u32 {
+    let grows = if multiply { f > 1.0 } else { f < 1.0 };
+    if !grows {
+        return f32::MAX.to_bits();
+    }
+    // Within an ulp or two of the bound; step to it.
+    let mut b = if multiply { f32::MAX / f } else { f32::MAX * f };
+    while b > 0.0 && !apply(b, f, multiply).is_finite() {
+        b = b.next_down();
+    }
+    while b < f32::MAX && apply(b.next_up(), f, multiply).is_finite() {
+        b = b.next_up();
+    }
+    b.to_bits()
+}
+
+/// The first flat index of `x` (rows of `s.len()`) whose value is not finite
+/// or whose result with its factor would not be: one pass that reads `x`
+/// once, a block of columns' bounds at a time.
+fn first_unsafe(x: &[f32], s: &[f32], multiply: bool) -> Option<usize> {
+    let cols = s.len();
+    if cols == 0 {
+        return None;
+    }
+    let mut bounds = [0u32; COL_BLOCK];
+    let mut first: Option<usize> = None;
+    let mut c0 = 0;
+    while c0 < cols {
+        let k = COL_BLOCK.min(cols - c0);
+        for (b, &f) in bounds[..k].iter_mut().zip(&s[c0..c0 + k]) {
+            *b = finite_bound(f, multiply);
+        }
+        let bounds = &bounds[..k];
+        for (i, row) in x.chunks_exact(cols).enumerate() {
+            if first.is_some_and(|at| at < i * cols) {
+                break;
+            }
+            let part = &row[c0..c0 + k];
+            // Branch-free over the row (it vectorizes); NaN's bits exceed
+            // every bound.
+            let over = part
+                .iter()
+                .zip(bounds)
+                .fold(false, |o, (v, &b)| o | (v.to_bits() & 0x7fff_ffff > b));
+            if over {
+                let j = part
+                    .iter()
+                    .zip(bounds)
+                    .position(|(v, &b)| v.to_bits() & 0x7fff_ffff > b)
+                    .unwrap_or(0);
+                let at = i * cols + c0 + j;
+                first = Some(first.map_or(at, |f| f.min(at)));
+                break;
+            }
+        }
+        c0 += k;
+    }
+    first
+}
+
+/// Check `x` (named `arg`) against the factors, then smooth it in place.
+fn smooth(x: &mut [f32], s: &[f32], arg: &'static str, multiply: bool) -> Result<()> {
+    // A caller's flush-to-zero flags would zero subnormal results.
+    let _env = crate::simd::fpenv::Pinned::new();
+    check_factors(x.len(), s, arg)?;
+    if let Some(at) = first_unsafe(x, s, multiply) {
+        // A non-finite input comes first; else a finite value the factor
+        // takes past float32's range.
+        if let Some(index) = first_non_finite(x) {
+            return Err(QuantError::NonFinite { arg, index });
+        }
+        let (i, j) = (at / s.len(), at % s.len());
+        let op = if multiply { "*" } else { "/" };
+        return Err(QuantError::invalid(
+            "s",
+            format!(
+                "{arg}[{i}, {j}] {op} s[{j}] = {} {op} {} overflows float32; \
+                 nothing was modified",
+                x[at], s[j]
+            ),
+        ));
+    }
+    for row in x.chunks_exact_mut(s.len().max(1)) {
         for (v, &f) in row.iter_mut().zip(s) {
-            *v /= f;
+            *v = apply(*v, f, multiply);
         }
     }
     Ok(())
 }
 
+/// `a[i, j] /= s[j]` in place (rows of `s.len()`). Nothing is modified on
+/// error: `ShapeMismatch`, `NonFinite` (naming `a` or `s`), `InvalidConfig`
+/// naming `s` for a factor <= 0 or one that would take a finite value of `a`
+/// past float32's range (a subnormal factor, say).
+pub fn smooth_activations(a: &mut [f32], s: &[f32]) -> Result<()> {
+    smooth(a, s, "a", false)
+}
+
 /// `w[i, j] *= s[j]` in place; errors as [`smooth_activations`] (naming `w`).
 pub fn smooth_weights(w: &mut [f32], s: &[f32]) -> Result<()> {
-    let _env = crate::simd::fpenv::Pinned::new();
-    check_factors(w.len(), s, "w")?;
-    if let Some(index) = first_non_finite(w) {
-        return Err(QuantError::NonFinite { arg: "w", index });
-    }
-    for row in w.chunks_exact_mut(s.len().max(1)) {
-        for (v, &f) in row.iter_mut().zip(s) {
-            *v *= f;
-        }
-    }
-    Ok(())
+    smooth(w, s, "w", true)
 }
 
 #[cfg(test)]
@@ -245,6 +329,59 @@ mod tests {
         assert!(smooth_weights(&mut w, &[2.0, 2.0]).is_err());
         assert!(smooth_weights(&mut w, &[2.0, 0.0, 1.0]).is_err());
         assert_eq!(w, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn a_result_past_float32_is_refused_and_nothing_is_modified() {
+        // Finite values and factors > 0 whose quotient or product overflows.
+        let mut a = [1.0f32, 2.0, 3.0, 4.0];
+        let s = [1.0f32, 1e-45];
+        let err = smooth_activations(&mut a, &s).unwrap_err();
+        assert!(matches!(err, QuantError::InvalidConfig { arg: "s", .. }), "{err:?}");
+        assert!(err.to_string().contains("a[0, 1]"), "{err}");
+        assert_eq!(a, [1.0, 2.0, 3.0, 4.0]);
+        let mut w = [2.0f32, 1e38, 1.0, 1.0];
+        let err = smooth_weights(&mut w, &[1.0, 10.0]).unwrap_err();
+        assert!(err.to_string().contains("w[0, 1]"), "{err}");
+        assert_eq!(w, [2.0, 1e38, 1.0, 1.0]);
+        // A non-finite input is reported first, even after the overflow.
+        let mut a = [1.0f32, 2.0, f32::NAN, 4.0];
+        let err = smooth_activations(&mut a, &s).unwrap_err();
+        assert!(matches!(err, QuantError::NonFinite { arg: "a", index: 2 }), "{err:?}");
+        // The first overflow in row-major order, across column blocks.
+        let cols = COL_BLOCK + 3;
+        let mut s = vec![1.0f32; cols];
+        let mut x = vec![1.0f32; 3 * cols];
+        s[5] = 1e-30;
+        s[COL_BLOCK + 1] = 1e-30;
+        x[2 * cols + 5] = 1e10; // row 2, first block
+        x[cols + COL_BLOCK + 1] = 1e10; // row 1, second block: first
+        let err = smooth_activations(&mut x, &s).unwrap_err();
+        let want = format!("a[1, {}]", COL_BLOCK + 1);
+        assert!(err.to_string().contains(&want), "{err}");
+    }
+
+    #[test]
+    fn the_bound_is_exact() {
+        for (f, multiply) in [(1e-45f32, false), (0.3, false), (7.0, true), (3e30, true)] {
+            let b = f32::from_bits(finite_bound(f, multiply));
+            assert!(apply(b, f, multiply).is_finite(), "{f} {multiply}");
+            assert!(!apply(b.next_up(), f, multiply).is_finite(), "{f} {multiply}");
+            let mut x = [b, -b];
+            let s = [f];
+            let run = |x: &mut [f32]| match multiply {
+                true => smooth_weights(x, &s[..1]),
+                false => smooth_activations(x, &s[..1]),
+            };
+            run(&mut x).unwrap();
+            assert!(x.iter().all(|v| v.is_finite()));
+            let mut x = [b.next_up()];
+            assert!(run(&mut x).is_err());
+            assert_eq!(x, [b.next_up()]);
+        }
+        assert_eq!(finite_bound(1.0, false), f32::MAX.to_bits());
+        assert_eq!(finite_bound(1.0, true), f32::MAX.to_bits());
+        assert_eq!(finite_bound(1e-3, true), f32::MAX.to_bits());
     }
 
     #[test]
