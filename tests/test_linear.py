@@ -158,11 +158,13 @@ def test_intermediate_sums_do_not_overflow_where_the_product_does_not():
 def test_scales_outside_float32_take_the_exact_path(scale):
     # dequantize() computes (q - zp) * scale in float64 and rounds once: a scale
     # beyond float32 (or subnormal in it) must not be rounded on its own first.
+    # (A scale beyond float32 comes only from a float64 source.)
     rng = np.random.default_rng(6)
     cfg = fq.QuantConfig.int8()
     codes = rng.integers(-127, 128, 64).astype(np.int8)
     codes[:8] = 0
-    qt = fq.QuantizedTensor(codes, np.array([scale]), np.array([0.0]), (1, 64), "float32", cfg)
+    src = "float64" if scale > 1 else "float32"
+    qt = fq.QuantizedTensor(codes, np.array([scale]), np.array([0.0]), (1, 64), src, cfg)
     layer = fq.QuantizedLinear(qt)
     deq = fq.dequantize(qt).astype(np.float64)
     for tokens in (1, 8):
@@ -182,28 +184,33 @@ def _pack(codes: np.ndarray) -> np.ndarray:
 
 
 def test_values_near_float32_max_stay_finite_on_the_dot_path():
-    # A zero point whose code-0 value would overflow float32 (padding lanes compute
-    # it), and a weight holding float32's largest value: the few-token path must
-    # give the finite product the panel path and dequantize() give.
-    big = 3.4028234e38 / 999.9
+    # The scale and zero point of data at +-float32's max (2 max / (qmax - qmin),
+    # zero point -1): the widest codes' values (which padding lanes may compute)
+    # pass float32's range, the codes used do not. The few-token path must give
+    # the finite product the panel path and dequantize() give.
+    top = float(np.finfo(np.float32).max)
     cases = [
         fq.QuantizedTensor(
             np.array([1, 2, 3, 4, 5], np.int8),
-            np.array([big]),
-            np.array([1000.0]),
+            np.array([2 * top / 255]),
+            np.array([-1.0]),
             (1, 5),
             "float32",
             fq.QuantConfig.int8().asymmetric(),
         ),
         fq.QuantizedTensor(
             _pack(np.array([1, 2, 3, 4, 5, 6], np.int8)),
-            np.array([big]),
-            np.array([1000.0]),
+            np.array([2 * top / 15]),
+            np.array([-1.0]),
             (1, 6),
             "float32",
             fq.QuantConfig.int4().asymmetric(),
         ),
     ]
+    for bits, qt in zip((8, 4), cases, strict=True):
+        cfg = fq.QuantConfig(bits, "asymmetric")
+        made = fq.quantize(np.array([[-top, top]], np.float32), cfg)
+        assert (made.scales, made.zero_points) == (qt.scales, qt.zero_points)
     for qt in cases:
         layer = fq.QuantizedLinear(qt)
         x = np.full((1, qt.shape[1]), 1e-30, np.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -245,6 +246,61 @@ def test_non_finite_or_negative_scales_raise_format_error():
         raw[-4:-2] = np.float16(bad).tobytes()
         with pytest.raises(fq.FormatError, match="scales"):
             fq.load_bytes(bytes(raw))
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _patched(q, old: np.ndarray, new: np.ndarray) -> bytes:
+    raw = q.to_bytes()
+    assert raw.count(old.tobytes()) == 1
+    return raw.replace(old.tobytes(), new.tobytes())
+
+
+def test_scales_no_finite_input_gives_are_refused():
+    # A scale past max|x| / divisor for every finite float32 input, or an affine
+    # scale and zero point whose codes reach past the source dtype, dequantize to
+    # inf: refused when made by hand and when read from bytes.
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], np.float32)
+    makers = [
+        (lambda v: fq.quantize_blockwise(v, 4, scale_dtype=np.float32), 127),
+        (fq.dynamic_quantize_int8, 127),
+        (fq.dynamic_quantize_int4, 7),
+        (lambda v: fq.quantize_activations(v, fq.BitNetConfig(3)), 3),
+    ]
+    for make, divisor in makers:
+        q = make(x)
+        top = np.float32(F32_MAX) / np.float32(divisor)
+        for scale, ok in ((top, True), (np.nextafter(top, np.float32(np.inf)), False)):
+            raw = _patched(q, q.scales, np.array([scale], np.float32))
+            if ok:
+                assert type(q).from_bytes(raw).scales[0] == scale
+            else:
+                with pytest.raises(fq.FormatError, match="scales must be at most"):
+                    type(q).from_bytes(raw)
+        with pytest.raises(fq.InvalidConfigError, match="at most"):
+            dataclasses.replace(q, scales=np.array([3e38], np.float32))
+    q = fq.quantize(x, fq.QuantConfig.int8().asymmetric())
+    for old in (q.scales, q.zero_points):
+        raw = _patched(q, old, np.array([1e300]))
+        with pytest.raises(fq.FormatError, match="beyond what a finite float32 input gives"):
+            fq.QuantizedTensor.from_bytes(raw)
+    # A float64 source keeps any finite zero point and any scale > 0.
+    q64 = fq.quantize(x.astype(np.float64), fq.QuantConfig.int8().asymmetric())
+    raw = _patched(q64, q64.scales, np.array([1e300]))
+    assert fq.QuantizedTensor.from_bytes(raw).scales[0] == 1e300
+    # What the quantizers make of float32's extremes still loads, at every width.
+    ends = np.array([[F32_MAX, -F32_MAX]], np.float32)
+    for bits in (8, 4):
+        for mode in ("symmetric", "asymmetric"):
+            q = fq.quantize(ends, fq.QuantConfig(bits, mode))
+            assert fq.QuantizedTensor.from_bytes(q.to_bytes()) == q
+    for bits in range(2, 9):
+        q = fq.quantize_activations(ends, fq.BitNetConfig(bits))
+        assert type(q).from_bytes(q.to_bytes()) == q
+    for make, _ in makers[:3]:
+        q = make(ends)
+        assert type(q).from_bytes(q.to_bytes()) == q
 
 
 def test_truncated_files_raise_format_error(tmp_path, tensors):

@@ -85,6 +85,34 @@ def check_codes(data: np.ndarray, n: int, lo: int, hi: int, int4: bool) -> None:
         )
 
 
+#: float32's largest finite value.
+F32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def check_scales(scales: np.ndarray, divisor: int, where: str = "") -> None:
+    """InvalidConfigError naming the first scale that is NaN, infinite or negative
+    (-0.0 included), or larger than any scale ``max|x| / divisor`` (in float32, as the
+    kernels make it) of a finite float32 input: ``float32 max / divisor``. A larger
+    one could only come from a hand-made or corrupt value, and dequantizes to inf.
+    ``where`` names the group kind in the message ("block ")."""
+    if not scales.size:
+        return
+    ok = np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)
+    if not ok.all():
+        bad = int(np.flatnonzero(~ok)[0])
+        raise InvalidConfigError(
+            f"scales must be finite and >= 0, got {scales[bad]} at {where}{bad}"
+        )
+    largest = F32_MAX / np.float32(divisor)
+    over = scales > largest
+    if over.any():
+        bad = int(np.flatnonzero(over)[0])
+        raise InvalidConfigError(
+            f"scales must be at most {largest} (float32's largest value / {divisor}, the "
+            f"largest scale a finite input gives), got {scales[bad]} at {where}{bad}"
+        )
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, tuple):
         return [_jsonable(x) for x in v]

@@ -62,6 +62,34 @@ _RANGE = {
 }
 
 
+# The largest finite value of each narrower source dtype.
+_SOURCE_MAX = {
+    "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+}
+
+
+def _check_reach(scales: np.ndarray, zps: np.ndarray, config: QuantConfig, dtype: str) -> None:
+    """InvalidConfigError naming the first group whose codes would dequantize beyond
+    anything the seed's math makes from a finite ``dtype`` input. Quantizing maps the
+    group's range onto ``qmin..qmax`` with a zero point rounded by at most half a code,
+    so the extreme codes reach at most ``max·(1 + 1/(qmax - qmin))`` (float64 slack
+    on top); a larger scale or zero point is hand-made or corrupt."""
+    span = config.qmax - config.qmin
+    limit = _SOURCE_MAX[dtype] * (1 + 1 / span) * (1 + 1e-9)
+    with np.errstate(over="ignore"):  # an inf reach is reported below
+        reach = np.maximum(np.abs(config.qmin - zps), np.abs(config.qmax - zps)) * scales
+    over = reach > limit
+    if over.any():
+        bad = int(np.flatnonzero(over)[0])
+        raise InvalidConfigError(
+            f"scales and zero_points: group {bad} (scale {scales[bad]}, zero point "
+            f"{zps[bad]}) dequantizes codes {config.qmin}..{config.qmax} up to "
+            f"{reach[bad]:.4g}, beyond what a finite {dtype} input gives ({limit:.4g})"
+        )
+
+
 @dataclass(frozen=True)
 class QuantConfig(Record):
     """Seed 001's ``QuantConfig``: code width, mode and granularity.
@@ -244,6 +272,8 @@ class QuantizedTensor(Quantized):
             raise InvalidConfigError("zero_points must be finite integers")
         if config.mode == "symmetric" and zps.size and (zps != 0).any():
             raise InvalidConfigError("zero_points must be 0 for a symmetric config")
+        if dtype != "float64" and scales.size:
+            _check_reach(scales, zps, config, dtype)
         check_codes(data, n, config.qmin, config.qmax, config.bits == 4)
         if config.bits == 4 and n % 2 == 1 and data[-1] >> 4 != 0:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")

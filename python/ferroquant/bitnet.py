@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, Record, f32_ratio
+from ._base import Quantized, Record, check_scales, f32_ratio
 from ._checks import (
     describe,
     float_input,
@@ -128,11 +128,8 @@ class QuantizedActivations(Quantized):
                 f"scales: expected shape ({k},) for {shape}, got {scales.shape}"
             )
         data, scales = held(data), held(scales)
-        ok = np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)
-        if scales.size and not ok.all():
-            bad = int(np.flatnonzero(~ok)[0])
-            raise InvalidConfigError(f"scales must be finite and >= 0, got {scales[bad]} at {bad}")
         m = (1 << (cfg.activation_bits - 1)) - 1
+        check_scales(scales, m)
         if data.size and (data.min() < -m or data.max() > m):
             bad = int(np.flatnonzero(np.abs(data.astype(np.int16)).reshape(-1) > m)[0])
             raise InvalidConfigError(

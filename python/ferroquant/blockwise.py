@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, f32_ratio
+from ._base import Quantized, check_scales, f32_ratio
 from ._checks import (
     describe,
     float_input,
@@ -80,12 +80,7 @@ class BlockwiseQuantized(Quantized):
                 f"{block_size}, got {scales.shape}"
             )
         data, scales = held(data), held(scales)
-        ok = np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)
-        if scales.size and not ok.all():
-            bad = int(np.flatnonzero(~ok)[0])
-            raise InvalidConfigError(
-                f"scales must be finite and >= 0, got {scales[bad]} at block {bad}"
-            )
+        check_scales(scales, 127, "block ")
         if data.size and data.min() < -127:
             bad = int(np.argmin(data))
             raise InvalidConfigError(f"data must hold codes in -127..127, got -128 at index {bad}")

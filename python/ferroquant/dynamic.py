@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Optional, Tuple, Union
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, Record, check_codes, f32_ratio, unpack_int4
+from ._base import Quantized, Record, check_codes, check_scales, f32_ratio, unpack_int4
 from ._checks import (
     describe,
     exact_float,
@@ -167,11 +167,8 @@ class DynQuantTensor(Quantized):
                 f"scales: expected shape ({k},) for {self.format} of {shape}, got {scales.shape}"
             )
         data, scales = held(data), held(scales)
-        ok = np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)
-        if scales.size and not ok.all():
-            bad = int(np.flatnonzero(~ok)[0])
-            raise InvalidConfigError(f"scales must be finite and >= 0, got {scales[bad]} at {bad}")
         clip = 7 if int4 else 127
+        check_scales(scales, clip)
         if int4 and n % 2 and data.size and data[-1] >> 4:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         check_codes(data, n, -clip, clip, int4)
