@@ -1486,3 +1486,50 @@ def test_a_signal_at_any_point_of_a_write_leaves_no_file_and_no_descriptor(tmp_p
     monkeypatch.undo()
     assert status == 130 and len(calls) >= 2  # two installed, then put back
     assert {s: signal.getsignal(s) for s in cli_module._TERMINATING} == before
+
+
+def test_reprs_stay_short_whatever_the_name():
+    name = "n" * 100_000
+    for value in (
+        fq.QuantizedWeights.from_f32(name, np.ones(2, np.float32)),
+        fq.LayerCalibration(name, 0.0, 1.0, -1.0, 1.0),
+        fq.quantize_model_weights("{}", [(name, np.ones(2, np.float32), None, None)]),
+    ):
+        assert len(repr(value)) < 200, type(value).__name__
+
+
+def test_collect_takes_a_memoryview_as_one_array():
+    x = np.arange(24, dtype=np.float32).reshape(4, 6) - 7
+    assert fq.CalibStats.collect(memoryview(x)) == fq.CalibStats.collect(x)
+
+
+def test_a_layers_argument_that_is_not_iterable_is_named():
+    with pytest.raises(TypeError, match="layers must be an iterable"):
+        fq.quantize_model_weights("{}", 5)
+
+
+def test_real_numbers_of_every_kind_are_taken_alike():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    x = np.linspace(-3, 5, 101, dtype=np.float32)
+    for half in (Fraction(1, 2), Decimal("0.5"), ml_dtypes.bfloat16(0.5), np.float16(0.5)):
+        assert fq.Percentile(half) == fq.Percentile(0.5)
+        assert fq.SmoothQuantConfig(half) == fq.SmoothQuantConfig(0.5)
+        assert fq.compute_scale(x, half) == fq.compute_scale(x, 0.5)
+    # Just past 1 as given, though 1.0 as a float: out of range.
+    for above in (Fraction(10**20 + 1, 10**20), Decimal("1.00000000000000000001")):
+        with pytest.raises(fq.InvalidConfigError, match="p must be in"):
+            fq.Percentile(above)
+        with pytest.raises(fq.InvalidConfigError, match="alpha must be in"):
+            fq.SmoothQuantConfig(above)
+    for nan in (Decimal("NaN"), Decimal("sNaN")):
+        with pytest.raises(fq.InvalidConfigError):
+            fq.SmoothQuantConfig(nan)
+        with pytest.raises(fq.InvalidConfigError):
+            fq.Percentile(nan)
+    for odd in (True, np.timedelta64(1), "0.5", None):
+        with pytest.raises(fq.InvalidConfigError, match="p must be a real number"):
+            fq.Percentile(odd)
+        with pytest.raises(TypeError, match="clip_val must be a real number"):
+            fq.compute_scale(x, odd)

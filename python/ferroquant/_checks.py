@@ -9,6 +9,7 @@ import reprlib
 import sys
 import warnings
 import weakref
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Dict, Optional, Tuple, Type
 
@@ -206,6 +207,26 @@ def _narrow_float(value: Any) -> Optional[float]:
     m, bias = bits & ((1 << m_bits) - 1), (1 << (e_bits - 1)) - 1
     v = math.ldexp(m | (1 << m_bits) if e else m, max(e, 1) - bias - m_bits)  # exact
     return -v if bits >> (e_bits + m_bits) else v
+
+
+def real_scalar(value: Any) -> bool:
+    """Whether ``value`` is a real number a float parameter takes: an int, a float, a
+    NumPy integer or float scalar (ml_dtypes' bfloat16 included), a ``Fraction`` or a
+    ``Decimal``; never a bool or a time delta."""
+    if isinstance(value, (bool, np.bool_, np.timedelta64)):
+        return False
+    if isinstance(value, (int, float, np.integer, np.floating, Fraction, Decimal)):
+        return True
+    return isinstance(value, np.generic) and value.dtype == FLOAT_DTYPES["bfloat16"]
+
+
+def exactly_comparable(value: Any) -> bool:
+    """Whether ``value`` is held more precisely than a float and compares exactly as
+    given (a long double, a ``Fraction``, a ``Decimal``): a bound is then checked on the
+    value itself, which may lie past it by less than ``float(value)`` rounds away."""
+    if type(value) in (Fraction, Decimal):
+        return True
+    return isinstance(value, np.floating) and value.dtype.itemsize > 8
 
 
 def exact_float(value: Any) -> float:

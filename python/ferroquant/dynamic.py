@@ -21,11 +21,13 @@ from ._base import Quantized, Record, check_codes, check_scales, f32_ratio, unpa
 from ._checks import (
     describe,
     exact_float,
+    exactly_comparable,
     float_for_f32,
     float_input,
     held,
     is_array_of,
     readonly,
+    real_scalar,
     renamed,
     round_f32,
     shape_tuple,
@@ -78,20 +80,20 @@ class Percentile(Record):
 
     def __post_init__(self) -> None:
         p = self.p
-        if isinstance(p, (bool, np.bool_, np.timedelta64)) or not isinstance(
-            p, (int, float, np.floating, np.integer)
-        ):
-            raise InvalidConfigError(f"p must be a number in (0, 1], got {short_repr(p)}")
+        if not real_scalar(p):
+            raise InvalidConfigError(
+                f"p must be a real number (int, float, NumPy scalar, Fraction or Decimal) "
+                f"in (0, 1], got {short_repr(p)}"
+            )
         try:
             p = exact_float(p)
         except Exception:  # too large for a float, or a broken __float__
             raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}") from None
-        # A long double just above 1 rounds to 1.0: its upper bound is checked as
-        # given. (Nothing else is compared as given: a caller's denormals-are-zero
-        # flag would read a float32 subnormal as 0, and a float subclass may
-        # compare as it likes.)
-        wide = isinstance(self.p, np.floating) and self.p.dtype.itemsize > 8
-        if not (0.0 < p <= 1.0) or (wide and self.p > 1):
+        # A long double, Fraction or Decimal just above 1 rounds to 1.0: its upper
+        # bound is checked as given. (Nothing else is compared as given: a caller's
+        # denormals-are-zero flag would read a float32 subnormal as 0, and a float
+        # subclass may compare as it likes.)
+        if not (0.0 < p <= 1.0) or (exactly_comparable(self.p) and self.p > 1):
             raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}")
         object.__setattr__(self, "p", p)
 
@@ -239,10 +241,8 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
         NonFiniteError: ``x`` holds NaN or an infinity.
     """
     p = _percentile(mode)
-    if isinstance(clip_val, (bool, np.bool_)) or not isinstance(
-        clip_val, (int, float, np.floating, np.integer)
-    ):
-        raise TypeError(f"clip_val must be a number, got {type(clip_val).__name__}")
+    if not real_scalar(clip_val):
+        raise TypeError(f"clip_val must be a real number, got {type(clip_val).__name__}")
     # Rounded once, natively (beyond float32's range: inf): NumPy's float32() would
     # flush a subnormal clip to 0 under a caller's flush-to-zero.
     try:
@@ -348,10 +348,8 @@ class SmoothQuantConfig(Record):
         given = {}
         for name in ("alpha", "epsilon"):
             v = getattr(self, name)
-            if isinstance(v, (bool, np.bool_, np.timedelta64)) or not isinstance(
-                v, (int, float, np.floating, np.integer)
-            ):
-                raise InvalidConfigError(f"{name} must be a number, got {short_repr(v)}")
+            if not real_scalar(v):
+                raise InvalidConfigError(f"{name} must be a real number, got {short_repr(v)}")
             try:
                 # The float whose float32 rounding is the value's own (a long double or
                 # a large int can land on a float32 midpoint as a float64 first).
@@ -362,7 +360,10 @@ class SmoothQuantConfig(Record):
                 ) from None
             given[name] = v
         a = given["alpha"]
-        if not (0 <= a <= 1):  # the value as given: a long double just above 1 is out
+        # Also as given where that is exact: a long double, Fraction or Decimal just
+        # above 1 is out (its float is 1.0). The float first: a Decimal NaN raises
+        # on comparison.
+        if not (0 <= self.alpha <= 1) or (exactly_comparable(a) and not (0 <= a <= 1)):
             raise InvalidConfigError(f"alpha must be in [0, 1], got {short_repr(a)}")
         eps32 = _native.round_f32(self.epsilon)
         if not (math.isfinite(eps32) and eps32 >= 0):
@@ -491,10 +492,8 @@ class CalibStats(Quantized):
     def __post_init__(self) -> None:
         for name in self._params:
             v = getattr(self, name)
-            if isinstance(v, (bool, np.bool_)) or not isinstance(
-                v, (int, float, np.floating, np.integer)
-            ):
-                raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+            if not real_scalar(v):
+                raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
             try:
                 v = round_f32(v)  # the seed's fields are f32: held as float32 values
             except Exception:  # too large for a float, or a broken __float__
@@ -604,7 +603,7 @@ def _total(total: Any) -> Optional[int]:
 def _collect(batches: Any, total: Any = None) -> CalibStats:
     """Stream the batches through the crate's ``CalibAccumulator`` (which keeps the
     running sums and only the largest |x| the exact p99 can still need)."""
-    if isinstance(batches, (np.ndarray, np.generic)):
+    if isinstance(batches, (np.ndarray, np.generic, memoryview)):
         batches = (batches,)  # one batch, not one per row (or per scalar): same statistics
     else:
         try:

@@ -164,7 +164,7 @@ class LayerCalibration(Quantized):
 
     def __repr__(self) -> str:
         return (
-            f"LayerCalibration(name={self.name!r}, w=[{self.w_min:g}, {self.w_max:g}], "
+            f"LayerCalibration(name={short_repr(self.name)}, w=[{self.w_min:g}, {self.w_max:g}], "
             f"act=[{self.act_min:g}, {self.act_max:g}])"
         )
 
@@ -309,7 +309,8 @@ class QuantizedWeights(Quantized):
 
     def _repr_fields(self) -> str:
         src = "" if self.dtype == "float32" else f", dtype={self.dtype}"
-        return f"name={self.name!r}, scale={self.scale:g}, bias={self.bias is not None}{src}"
+        name = short_repr(self.name)
+        return f"name={name}, scale={self.scale:g}, bias={self.bias is not None}{src}"
 
 
 class Calibrator:
@@ -608,6 +609,13 @@ def quantize_model_weights(config_json: str, layers: Iterable[Any]) -> Quantized
         the errors of :meth:`QuantizedWeights.from_f32` for the first bad layer.
     """
     config = _text(config_json, "config_json")
+    try:
+        layers = iter(layers)
+    except TypeError:
+        raise TypeError(
+            f"layers must be an iterable of (name, weights, shape, bias) tuples, got "
+            f"{type(layers).__name__}"
+        ) from None
     out = []
     total_fp32 = total_q = 0
     for i, layer in enumerate(layers):
