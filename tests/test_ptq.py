@@ -369,6 +369,25 @@ def test_calibrator_records_exact_ranges(rng):
     assert got[0].weight_scale() == float(F32(max(abs(lo), abs(hi))) / F32(127))
 
 
+def test_ranges_keep_the_first_of_equal_zeros_as_the_seeds_folds_do():
+    # f32::min / f32::max folds keep the first of 0.0 and -0.0; so do the kernels
+    # and the reference (np.min / np.max may give the other).
+    bits = lambda v: int(np.float32(v).view(np.uint32))  # noqa: E731
+    for vals in ([0.0, -0.0], [-0.0, 0.0], [0.0, -0.0, 1.0], [-0.0, 0.0, -1.0]):
+        x = np.array(vals, F32)
+        first_zero = bits(x[0])
+        c = fq.Calibrator()
+        c.record_layer("a", x)
+        got = c.finish()[0]
+        lo, hi = ref.weight_range(x)
+        assert (bits(got.w_min), bits(got.w_max)) == (bits(lo), bits(hi))
+        s = fq.CalibStats.collect([x[:1], x[1:]])
+        want = ref.calib_stats([x])
+        assert (bits(s.min), bits(s.max)) == (bits(want[0]), bits(want[1]))
+        zero = [v for v in (s.min, s.max) if v == 0]
+        assert zero and all(bits(v) == first_zero for v in zero), vals
+
+
 def test_calibrator_errors():
     c = fq.Calibrator()
     with pytest.raises(fq.EmptyInputError, match="w"):

@@ -162,9 +162,11 @@ def calib_stats(batches: Iterable[np.ndarray]) -> Tuple[float, ...]:
         sug = F32(a[-1] / F32(127))
     else:
         sug = F32(F32(1) / F32(127))
+    # The seed folds with f32::min / f32::max, which keep the first of equal values:
+    # of 0.0 and -0.0, whichever comes first (np.min/np.max may give the other).
     return (
-        float(allv.min()),
-        float(allv.max()),
+        float(allv[np.argmin(allv)]),
+        float(allv[np.argmax(allv)]),
         float(F32(mean)),
         float(F32(math.sqrt(var))),
         float(p99),

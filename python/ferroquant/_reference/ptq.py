@@ -32,4 +32,5 @@ def ptq_dequantize(q: np.ndarray, scale: float) -> np.ndarray:
 def weight_range(w: np.ndarray) -> Tuple[np.float32, np.float32]:
     """``Calibrator::record_layer``'s min and max of the float32 weights."""
     x = np.asarray(w).reshape(-1).astype(F32)
-    return x.min(), x.max()
+    # First of equal values, as the seed's f32::min / f32::max folds (0.0 or -0.0).
+    return x[np.argmin(x)], x[np.argmax(x)]
