@@ -557,6 +557,34 @@ def test_dequantize_restores_model_layers_in_their_dtype(tmp_path, rng):
     assert stn.load_file(str(out))["fc.weight"].dtype == np.float16
 
 
+def test_dequantize_restores_0d_values_of_narrow_sources(tmp_path):
+    # A 0-d value from float16/bfloat16: clamping it back to its dtype must keep
+    # an array (a ufunc on a 0-d array gives a scalar, which the writer refuses).
+    from ferroquant import cli as cli_module
+
+    x16, xb = np.array(1.5, np.float16), np.array(-2.25, ml_dtypes.bfloat16)
+    values = {
+        "b": fq.quantize_blockwise(x16),
+        "d8": fq.dynamic_quantize_int8(xb),
+        "d4": fq.dynamic_quantize_int4(x16),
+        "p": fq.QuantizedWeights.from_f32("p", x16),
+        "m": fq.quantize_model_weights("{}", [("l", x16, None, None)]),
+    }
+    src, out = tmp_path / "q.safetensors", tmp_path / "o.safetensors"
+    for name, q in values.items():
+        if isinstance(q, fq.QuantizedModel):
+            q.save(src)
+        else:
+            fq.save(src, {name: q})
+        assert cli_module.main(["dequantize", str(src), "-o", str(out)]) == 0, name
+        got = stn.load_file(str(out))
+        key = "l.weight" if name == "m" else name
+        assert got[key].shape == () and got[key].dtype == (xb if name == "d8" else x16).dtype
+        assert float(got[key]) == float(xb if name == "d8" else x16)
+    with pytest.raises(ValueError, match="__metadata__"):
+        fq.save(src, {"__metadata__": fq.quantize_blockwise(np.ones(4, np.float32))})
+
+
 def test_dequantize_refuses_two_layers_of_one_name(tmp_path):
     src, out = tmp_path / "nm.json", tmp_path / "o.safetensors"
     w = np.ones((4, 4), np.float32)

@@ -216,6 +216,10 @@ def flatten(
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {type(name).__name__}")
         _utf8(name, "tensor name")
+        if name == "__metadata__":
+            # For a quantized value too: its arrays would be stored (as
+            # "__metadata__::data"), but restoring it needs a tensor of this name.
+            raise ValueError("'__metadata__' is reserved by safetensors and cannot name a value")
         if isinstance(value, np.ndarray):
             put(name, value)
         elif is_quantized(value):

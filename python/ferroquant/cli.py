@@ -167,7 +167,8 @@ def _restore(values: np.ndarray, want: np.dtype) -> np.ndarray:
         bound = np.asarray(big_want, want)
         # (np.clip promotes bfloat16 to float32: cast back.)
         values = np.clip(values, -bound, bound).astype(want)
-    return values
+    # A ufunc on a 0-d array gives a scalar: keep the array (the writer takes arrays).
+    return np.asarray(values)
 
 
 def _as_written(restored: np.ndarray, dtype: np.dtype) -> Optional[np.ndarray]:
