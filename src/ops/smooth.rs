@@ -337,7 +337,10 @@ mod tests {
         let mut a = [1.0f32, 2.0, 3.0, 4.0];
         let s = [1.0f32, 1e-45];
         let err = smooth_activations(&mut a, &s).unwrap_err();
-        assert!(matches!(err, QuantError::InvalidConfig { arg: "s", .. }), "{err:?}");
+        assert!(
+            matches!(err, QuantError::InvalidConfig { arg: "s", .. }),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("a[0, 1]"), "{err}");
         assert_eq!(a, [1.0, 2.0, 3.0, 4.0]);
         let mut w = [2.0f32, 1e38, 1.0, 1.0];
@@ -347,7 +350,10 @@ mod tests {
         // A non-finite input is reported first, even after the overflow.
         let mut a = [1.0f32, 2.0, f32::NAN, 4.0];
         let err = smooth_activations(&mut a, &s).unwrap_err();
-        assert!(matches!(err, QuantError::NonFinite { arg: "a", index: 2 }), "{err:?}");
+        assert!(
+            matches!(err, QuantError::NonFinite { arg: "a", index: 2 }),
+            "{err:?}"
+        );
         // The first overflow in row-major order, across column blocks.
         let cols = COL_BLOCK + 3;
         let mut s = vec![1.0f32; cols];
@@ -366,7 +372,10 @@ mod tests {
         for (f, multiply) in [(1e-45f32, false), (0.3, false), (7.0, true), (3e30, true)] {
             let b = f32::from_bits(finite_bound(f, multiply));
             assert!(apply(b, f, multiply).is_finite(), "{f} {multiply}");
-            assert!(!apply(b.next_up(), f, multiply).is_finite(), "{f} {multiply}");
+            assert!(
+                !apply(b.next_up(), f, multiply).is_finite(),
+                "{f} {multiply}"
+            );
             let mut x = [b, -b];
             let s = [f];
             let run = |x: &mut [f32]| match multiply {
