@@ -1005,21 +1005,61 @@ fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
     Some((out, sums))
 }
 
-/// Groups of four bytes a row copied into the L1 buffer at a time (1 KiB).
-const OUTER_COPY_GROUPS: usize = 256;
+/// Groups of four bytes a row copied into the L1 buffer at a time (512 B).
+const OUTER_COPY_GROUPS: usize = 128;
 /// The L1 buffer's row stride: a chunk and one line (rows a multiple of
 /// 4 KiB apart share one L1 set, and twelve of them thrashed its eight ways).
 const OUTER_COPY_STRIDE: usize = 4 * OUTER_COPY_GROUPS + 64;
+/// One half of the L1 buffer: a chunk of twelve rows.
+const OUTER_COPY_HALF: usize = 12 * OUTER_COPY_STRIDE;
+
+/// Copy line `j` (64 bytes, fewer at the end of `bytes`) of `R` rows (stride
+/// `k`) from `src` into `dst` (stride [`OUTER_COPY_STRIDE`]), offset to
+/// unsigned (`w + 128`) on the way.
+#[inline(always)]
+unsafe fn copy_line<const R: usize>(
+    src: *const i8,
+    k: usize,
+    dst: *mut i8,
+    j: usize,
+    bytes: usize,
+) {
+    let at = 64 * j;
+    if at >= bytes {
+        return;
+    }
+    // SAFETY: AVX-512F/BW per the caller; row r's bytes `at..min(at + 64,
+    // bytes)` lie inside the weight (the caller's chunk) and inside `dst`'s row.
+    unsafe {
+        let flip = _mm512_set1_epi8(i8::MIN);
+        let m = byte_mask(bytes - at);
+        for r in 0..R {
+            let (s, d) = (src.add(r * k + at), dst.add(r * OUTER_COPY_STRIDE + at));
+            if m == !0 {
+                _mm512_storeu_si512(
+                    d.cast(),
+                    _mm512_xor_si512(_mm512_loadu_si512(s.cast()), flip),
+                );
+            } else {
+                let v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, s), flip);
+                _mm512_mask_storeu_epi8(d, m, v);
+            }
+        }
+    }
+}
 
 /// `R` weight rows (stride `k`) at `w` against one packed block of `16·NV`
-/// token lanes at `packed`, over the `full` whole groups of four bytes. A
-/// kibibyte of each row at a time is copied into an L1 buffer, offset to
-/// unsigned (`w + 128`) on the way (rows 4 KiB apart share one L1 set, and
-/// twelve of them read in place thrashed its eight ways), then per group
-/// each row's four bytes are broadcast and `vpdpbusd`-ed with the block's
-/// vectors (weights unsigned, activations signed); lanes widen to i64 every
-/// [`OUTER_CHUNK_GROUPS`]. `R` rows from `ahead` are fetched into L2
-/// meanwhile. Returns the raw sums `Σ (w + 128) · a` over those groups.
+/// token lanes at `packed`, over the `full` whole groups of four bytes. The
+/// rows are copied a chunk ([`OUTER_COPY_GROUPS`]) at a time into one half
+/// of `buf`, an L1 buffer, offset to unsigned (`w + 128`) on the way (rows
+/// 4 KiB apart share one L1 set, and twelve of them read in place thrashed
+/// its eight ways); the next chunk's copy is spread over this chunk's lines
+/// into the other half (copied in a block before each chunk, it cost 12-18 %
+/// of the L2-resident time). Per group each row's four bytes are broadcast
+/// and `vpdpbusd`-ed with the block's vectors (weights unsigned, activations
+/// signed); lanes widen to i64 every [`OUTER_CHUNK_GROUPS`]. `R` rows from
+/// `ahead` are fetched into L2 meanwhile. Returns the raw sums `Σ (w + 128)
+/// · a` over those groups.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // indices keep the accumulators in registers
 unsafe fn outer_tile<const R: usize, const NV: usize>(
@@ -1028,55 +1068,48 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
     packed: *const u8,
     full: usize,
     ahead: Option<*const i8>,
+    buf: &mut [i8; 2 * OUTER_COPY_HALF],
 ) -> [[i64; 32]; R] {
     let mut total = [[0i64; 32]; R];
-    let mut buf = [0i8; 12 * OUTER_COPY_STRIDE];
     debug_assert!(R <= 12);
+    let chunk_bytes = |c0: usize| 4 * ((c0 + OUTER_COPY_GROUPS).min(full) - c0);
     // SAFETY: AVX-512F/BW/VNNI per the caller; rows r < R hold `4·full`
     // bytes from r·k, the block `full` groups of `64·NV` bytes; the copies
-    // stay inside `buf` (R <= 12 rows of one chunk); prefetches never fault.
+    // stay inside `buf` (R <= 12 rows of one chunk a half); prefetches never
+    // fault.
     unsafe {
-        let mut acc = [[_mm512_setzero_si512(); NV]; R];
-        for c0 in (0..full).step_by(OUTER_COPY_GROUPS) {
-            let c1 = (c0 + OUTER_COPY_GROUPS).min(full);
-            let bytes = 4 * (c1 - c0);
-            let flip = _mm512_set1_epi8(i8::MIN);
-            for r in 0..R {
-                let (src, dst) = (
-                    w.add(r * k + 4 * c0),
-                    buf.as_mut_ptr().add(r * OUTER_COPY_STRIDE),
-                );
-                let mut i = 0;
-                while i + 64 <= bytes {
-                    let v = _mm512_xor_si512(_mm512_loadu_si512(src.add(i).cast()), flip);
-                    _mm512_storeu_si512(dst.add(i).cast(), v);
-                    i += 64;
-                }
-                if i < bytes {
-                    let m = byte_mask(bytes - i);
-                    let v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, src.add(i)), flip);
-                    _mm512_mask_storeu_epi8(dst.add(i), m, v);
-                }
+        let base = buf.as_mut_ptr();
+        if full > 0 {
+            for j in 0..OUTER_COPY_GROUPS / 16 {
+                copy_line::<R>(w, k, base, j, chunk_bytes(0));
             }
+        }
+        let mut acc = [[_mm512_setzero_si512(); NV]; R];
+        for (ci, c0) in (0..full).step_by(OUTER_COPY_GROUPS).enumerate() {
+            let c1 = (c0 + OUTER_COPY_GROUPS).min(full);
+            let cur = base.add((ci % 2) * OUTER_COPY_HALF).cast_const();
+            let next = base.add(((ci + 1) % 2) * OUTER_COPY_HALF);
+            let next_bytes = if c1 < full { chunk_bytes(c1) } else { 0 };
             // The accumulators in a local for the chunk: kept in the array
             // across it, every vpdpbusd was also stored back to the stack
             // (24 stores a group, one a product).
             let mut a = acc;
             // A line (16 groups) at a time; the next tile's rows come into
-            // L2 a line each per line.
+            // L2 a line each per line, the next chunk's into the buffer.
             for l in (c0..c1).step_by(16) {
                 if let Some(p) = ahead {
                     for r in 0..R {
                         _mm_prefetch::<_MM_HINT_T1>(p.add(r * k + 4 * l));
                     }
                 }
+                copy_line::<R>(w.add(4 * c1), k, next, (l - c0) / 16, next_bytes);
                 for g in l..(l + 16).min(c1) {
                     let mut av = [_mm512_setzero_si512(); NV];
                     for v in 0..NV {
                         av[v] = _mm512_loadu_si512(packed.add((g * NV + v) * 64).cast());
                     }
                     for r in 0..R {
-                        let at = buf.as_ptr().add(r * OUTER_COPY_STRIDE + 4 * (g - c0));
+                        let at = cur.add(r * OUTER_COPY_STRIDE + 4 * (g - c0));
                         let wb = _mm512_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
                         for v in 0..NV {
                             a[r][v] = _mm512_dpbusd_epi32(a[r][v], wb, av[v]);
@@ -1117,6 +1150,7 @@ unsafe fn outer_rows<const R: usize>(
     (packed, token_sums): (&[u32], &[i64]),
     tokens: usize,
     out: &mut Products<'_>,
+    buf: &mut [i8; 2 * OUTER_COPY_HALF],
 ) {
     let full = k / 4;
     let groups = k.div_ceil(4);
@@ -1143,9 +1177,9 @@ unsafe fn outer_rows<const R: usize>(
             let block = packed.as_ptr().add(at).cast::<u8>();
             at += groups * lanes;
             let mut total = if lanes == 32 {
-                outer_tile::<R, 2>(wp, k, block, full, ahead)
+                outer_tile::<R, 2>(wp, k, block, full, ahead, buf)
             } else {
-                outer_tile::<R, 1>(wp, k, block, full, ahead)
+                outer_tile::<R, 1>(wp, k, block, full, ahead, buf)
             };
             if full < groups {
                 // The partial group: its packed bytes past k are 0.
@@ -1219,19 +1253,21 @@ unsafe fn outer_all(
     mut out: Products<'_>,
 ) {
     let tokens = sums.len();
+    // The tiles' L1 buffer (written before it is read), once a call.
+    let mut buf = [0i8; 2 * OUTER_COPY_HALF];
     let mut r = 0;
     // SAFETY: AVX-512F/BW/VNNI per the caller; every tile stays inside `rows`.
     unsafe {
         while r + 12 <= rows {
-            outer_rows::<12>(w, r, k, (packed, sums), tokens, &mut out);
+            outer_rows::<12>(w, r, k, (packed, sums), tokens, &mut out, &mut buf);
             r += 12;
         }
         while r + 4 <= rows {
-            outer_rows::<4>(w, r, k, (packed, sums), tokens, &mut out);
+            outer_rows::<4>(w, r, k, (packed, sums), tokens, &mut out, &mut buf);
             r += 4;
         }
         while r < rows {
-            outer_rows::<1>(w, r, k, (packed, sums), tokens, &mut out);
+            outer_rows::<1>(w, r, k, (packed, sums), tokens, &mut out, &mut buf);
             r += 1;
         }
     }
