@@ -89,6 +89,12 @@ def check_codes(data: np.ndarray, n: int, lo: int, hi: int, int4: bool) -> None:
 F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
+def first_true(mask: np.ndarray) -> Optional[int]:
+    """The flat index of ``mask``'s first True, None if there is none."""
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
 def check_scales(scales: np.ndarray, divisor: int, where: str = "") -> None:
     """InvalidConfigError naming the first scale that is NaN, infinite or negative
     (-0.0 included), or larger than any scale ``max|x| / divisor`` (in float32, as the
@@ -97,16 +103,14 @@ def check_scales(scales: np.ndarray, divisor: int, where: str = "") -> None:
     ``where`` names the group kind in the message ("block ")."""
     if not scales.size:
         return
-    ok = np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)
-    if not ok.all():
-        bad = int(np.flatnonzero(~ok)[0])
+    bad = first_true(~(np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)))
+    if bad is not None:
         raise InvalidConfigError(
             f"scales must be finite and >= 0, got {scales[bad]} at {where}{bad}"
         )
     largest = F32_MAX / np.float32(divisor)
-    over = scales > largest
-    if over.any():
-        bad = int(np.flatnonzero(over)[0])
+    bad = first_true(scales > largest)
+    if bad is not None:
         raise InvalidConfigError(
             f"scales must be at most {largest} (float32's largest value / {divisor}, the "
             f"largest scale a finite input gives), got {scales[bad]} at {where}{bad}"

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Dict, Iterable, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, Record, check_codes, unpack_int4
+from ._base import Quantized, Record, check_codes, first_true, unpack_int4
 from ._checks import (
     describe,
     float_input,
@@ -80,9 +80,8 @@ def _check_reach(scales: np.ndarray, zps: np.ndarray, config: QuantConfig, dtype
     limit = _SOURCE_MAX[dtype] * (1 + 1 / span) * (1 + 1e-9)
     with np.errstate(over="ignore"):  # an inf reach is reported below
         reach = np.maximum(np.abs(config.qmin - zps), np.abs(config.qmax - zps)) * scales
-    over = reach > limit
-    if over.any():
-        bad = int(np.flatnonzero(over)[0])
+    bad = first_true(reach > limit)
+    if bad is not None:
         raise InvalidConfigError(
             f"scales and zero_points: group {bad} (scale {scales[bad]}, zero point "
             f"{zps[bad]}) dequantizes codes {config.qmin}..{config.qmax} up to "
