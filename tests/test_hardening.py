@@ -1517,8 +1517,16 @@ def test_real_numbers_of_every_kind_are_taken_alike():
         assert fq.Percentile(half) == fq.Percentile(0.5)
         assert fq.SmoothQuantConfig(half) == fq.SmoothQuantConfig(0.5)
         assert fq.compute_scale(x, half) == fq.compute_scale(x, 0.5)
-    # Just past 1 as given, though 1.0 as a float: out of range.
-    for above in (Fraction(10**20 + 1, 10**20), Decimal("1.00000000000000000001")):
+
+    class SubFraction(Fraction):
+        pass
+
+    class SubDecimal(Decimal):
+        pass
+
+    # Just past 1 as given, though 1.0 as a float: out of range (subclasses too).
+    f_above, d_above = Fraction(10**20 + 1, 10**20), Decimal("1.00000000000000000001")
+    for above in (f_above, d_above, SubFraction(f_above), SubDecimal(d_above)):
         with pytest.raises(fq.InvalidConfigError, match="p must be in"):
             fq.Percentile(above)
         with pytest.raises(fq.InvalidConfigError, match="alpha must be in"):

@@ -220,13 +220,21 @@ def real_scalar(value: Any) -> bool:
     return isinstance(value, np.generic) and value.dtype == FLOAT_DTYPES["bfloat16"]
 
 
-def exactly_comparable(value: Any) -> bool:
-    """Whether ``value`` is held more precisely than a float and compares exactly as
-    given (a long double, a ``Fraction``, a ``Decimal``): a bound is then checked on the
-    value itself, which may lie past it by less than ``float(value)`` rounds away."""
-    if type(value) in (Fraction, Decimal):
-        return True
-    return isinstance(value, np.floating) and value.dtype.itemsize > 8
+def exact_value(value: Any) -> Any:
+    """``value`` where it is held more precisely than a float and compares exactly (a
+    long double, or a ``Fraction`` / ``Decimal``, subclasses copied to the base type so
+    their comparisons are the base's), else None: a bound is then checked on it too,
+    as it may lie past the bound by less than ``float(value)`` rounds away."""
+    try:
+        if isinstance(value, Fraction):
+            return Fraction(value.numerator, value.denominator)
+        if isinstance(value, Decimal):
+            return Decimal(value)
+    except Exception:  # a subclass whose fields are broken
+        return None
+    if isinstance(value, np.floating) and value.dtype.itemsize > 8:
+        return value
+    return None
 
 
 def exact_float(value: Any) -> float:

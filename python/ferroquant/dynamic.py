@@ -21,7 +21,7 @@ from ._base import Quantized, Record, check_codes, check_scales, f32_ratio, unpa
 from ._checks import (
     describe,
     exact_float,
-    exactly_comparable,
+    exact_value,
     float_for_f32,
     float_input,
     held,
@@ -93,7 +93,8 @@ class Percentile(Record):
         # bound is checked as given. (Nothing else is compared as given: a caller's
         # denormals-are-zero flag would read a float32 subnormal as 0, and a float
         # subclass may compare as it likes.)
-        if not (0.0 < p <= 1.0) or (exactly_comparable(self.p) and self.p > 1):
+        given = exact_value(self.p)
+        if not (0.0 < p <= 1.0) or (given is not None and given > 1):
             raise InvalidConfigError(f"p must be in (0, 1], got {short_repr(self.p)}")
         object.__setattr__(self, "p", p)
 
@@ -363,7 +364,8 @@ class SmoothQuantConfig(Record):
         # Also as given where that is exact: a long double, Fraction or Decimal just
         # above 1 is out (its float is 1.0). The float first: a Decimal NaN raises
         # on comparison.
-        if not (0 <= self.alpha <= 1) or (exactly_comparable(a) and not (0 <= a <= 1)):
+        exact = exact_value(a)
+        if not (0 <= self.alpha <= 1) or (exact is not None and not (0 <= exact <= 1)):
             raise InvalidConfigError(f"alpha must be in [0, 1], got {short_repr(a)}")
         eps32 = _native.round_f32(self.epsilon)
         if not (math.isfinite(eps32) and eps32 >= 0):

@@ -1351,6 +1351,9 @@ impl Kernels for Avx2 {
         stride: usize,
     ) {
         let (k, tokens) = (p.k, p.tokens());
+        if k == 0 {
+            return; // as Kernels::i8_products: nothing for zero-width tokens
+        }
         let rows = w_scales.len().min(w.len() / k);
         if let Some((packed, _)) = p.packed_by(Self::PACKS) {
             // SAFETY: AVX2 per the Kernels contract; outputs are written

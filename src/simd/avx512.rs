@@ -1649,6 +1649,9 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
         stride: usize,
     ) {
         let k = p.k;
+        if k == 0 {
+            return; // as Kernels::i8_products: nothing for zero-width tokens
+        }
         let rows = w_scales.len().min(w.len() / k);
         match p.packed_by(Self::PACKS) {
             Some(packed) if rows <= stride => {

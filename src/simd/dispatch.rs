@@ -203,6 +203,7 @@ primitive!(
     /// every token of `p`: `out[t * stride + r] = (acc as f32 * w_scales[r]) *
     /// a_scales[t]`, `acc` the exact sum (see `Kernels::i8_products`). Tokens
     /// packed for another tier are read as given: the same results, slower.
+    /// Zero-wide tokens (`k == 0`) write nothing.
     i8_products(w: &[i8], p: &PackedTokens<'_>, w_scales: &[f32], a_scales: &[f32], out: &mut [f32], stride: usize) -> ()
 );
 

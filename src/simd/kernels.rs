@@ -259,7 +259,8 @@ pub(crate) trait Kernels {
     /// the exact sum of `i8_dots`, in f32, left to right (`rows <= stride`,
     /// `a_scales.len() >= tokens`, `out` holding `(tokens - 1)·stride + rows`
     /// values). Bytes of `w` past those rows are only prefetched. Tokens
-    /// packed by another tier (or not at all) go through `i8_dots`.
+    /// packed by another tier (or not at all) go through `i8_dots`. Tokens
+    /// zero wide (`p.k == 0`) write nothing.
     #[inline(always)]
     unsafe fn i8_products(
         w: &[i8],
@@ -269,6 +270,9 @@ pub(crate) trait Kernels {
         out: &mut [f32],
         stride: usize,
     ) {
+        if p.k == 0 {
+            return; // no products (and no token count) for zero-width tokens
+        }
         // SAFETY: forwarded from this function's contract.
         unsafe { products_via_dots::<Self>(w, p.codes, p.k, w_scales, a_scales, out, stride) }
     }

@@ -216,3 +216,20 @@ fn products_do_not_depend_on_isa_or_thread_count() {
         }
     }
 }
+
+#[test]
+fn zero_wide_tokens_write_nothing_on_every_isa() {
+    // k == 0 through the public packing API: no products, no panic.
+    let (w, a) = ([1i8; 4], [1i8; 20]);
+    for isa in Isa::supported() {
+        for p in [
+            simd::pack_tokens(isa, &a, 0),
+            simd::PackedTokens::unpacked(&a, 0),
+        ] {
+            assert_eq!(p.layout(), None, "{isa:?}");
+            let mut out = [7f32; 4];
+            simd::i8_products(isa, &w, &p, &[1.0; 1], &[1.0; 20], &mut out, 1);
+            assert_eq!(out, [7.0; 4], "{isa:?}");
+        }
+    }
+}
