@@ -14,11 +14,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Iterable, Mapping, Optional, Tuple
 
+import ml_dtypes
 import numpy as np
 
 from . import _ferroquant as _native
 from ._base import Quantized, Record, check_codes, first_true, unpack_int4
 from ._checks import (
+    FLOAT_DTYPES,
     describe,
     float_input,
     held,
@@ -62,12 +64,8 @@ _RANGE = {
 }
 
 
-# The largest finite value of each narrower source dtype.
-_SOURCE_MAX = {
-    "float32": 3.4028234663852886e38,
-    "bfloat16": 3.3895313892515355e38,
-    "float16": 65504.0,
-}
+# The largest finite value of each source dtype.
+_SOURCE_MAX = {name: float(ml_dtypes.finfo(dt).max) for name, dt in FLOAT_DTYPES.items()}
 
 
 def _check_reach(scales: np.ndarray, zps: np.ndarray, config: QuantConfig, dtype: str) -> None:

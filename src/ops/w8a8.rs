@@ -318,7 +318,7 @@ fn panel_rows(in_f: usize) -> usize {
 
 /// Weight rows in one part of the work: a panel that stays in cache while
 /// every block of tokens passes over it, or, where the kernel packs the
-/// tokens (once a call, shared by the parts), the most rows a call: all of
+/// tokens (once a block, shared by the parts), the most rows a call: all of
 /// them, or four parts a thread with the pool (with two a thread, 32 tokens
 /// x 4096² at 2 threads took 1.85-3.1 ms from run to run, one slow part
 /// holding up the call; with four, 1.8-2.2 ms).
