@@ -33,7 +33,7 @@ use crate::element::Float;
 use crate::error::{QuantError, Result};
 use crate::ops::pack::{packed_len, unpack_range, Int4Writer};
 use crate::parallel;
-use crate::simd::{Affine, Isa, Store};
+use crate::simd::{self, Affine, Isa, Store};
 use crate::stage::{self, Scratch, STAGE};
 use rayon::prelude::*;
 
@@ -596,6 +596,9 @@ fn per_channel<T: Float>(
     let task_rows = || parallel::units_per_task(rows.div_ceil(unit), cs * unit) * unit;
     let task = |t0: usize, xs: &[T], out: TaskOut<'_>, sc: &mut [f64], zs: &mut [f64], par| {
         let store = Store::for_run(n, cs, par);
+        if let (Some(xf), true) = (T::as_f32_slice(xs), isa.fuses_row_passes()) {
+            return fused_rows(isa, xf, cs, config, out, sc, zs, store).map_err(|i| t0 * cs + i);
+        }
         let mut scratch = Scratch::new();
         let mut out = out;
         for (r, xr) in xs.chunks(cs).enumerate() {
@@ -661,6 +664,62 @@ fn per_channel<T: Float>(
                 .reduce(|| Ok(()), |a, b| parallel::first_error(a, b, |_, _| ())),
         }
     })
+}
+
+/// Per-channel rows of f32 on a tier that fuses a row's codes with the next
+/// row's range: row `r + 1` streams in from memory while row `r` is coded
+/// from cache and row `r + 2` is prefetched, so the memory never idles
+/// through a separate range pass. On Zen 4 (4096 x 4096 after a cache flush,
+/// both builds in one process, five runs): int8 symmetric 2-7 % faster on one
+/// thread and 5-6 % on two, asymmetric 0-9 %, int4 -3-6 %. Tiers without a
+/// fused primitive run the default (codes, then the range) in the same
+/// order. `Err(i)`: `x[i]` is the first non-finite value (every row before it
+/// is coded).
+#[allow(clippy::too_many_arguments)]
+fn fused_rows(
+    isa: Isa,
+    x: &[f32],
+    cs: usize,
+    config: &QuantConfig,
+    mut out: TaskOut<'_>,
+    scales: &mut [f64],
+    zero_points: &mut [f64],
+    store: Store,
+) -> std::result::Result<(), usize> {
+    let n = x.len();
+    let row = |r: usize| &x[(r * cs).min(n)..((r + 1) * cs).min(n)];
+    // max(|min|, |max|) is all the symmetric scale reads.
+    let magnitude = config.mode == Mode::Symmetric;
+    let mut found = simd::row_range(isa, row(0), magnitude);
+    for (r, (sc, zs)) in scales.iter_mut().zip(zero_points.iter_mut()).enumerate() {
+        if found.non_finite {
+            return Err(r * cs + simd::scalar::first_non_finite(row(r)));
+        }
+        let range = Some((found.min as f64, found.max as f64));
+        let (scale, zp) = scale_zero_point(range, config);
+        (*sc, *zs) = (scale, zp);
+        let a = affine(config, range, scale, zp);
+        let (next, ahead) = (row(r + 1), row(r + 2));
+        found = match &mut out {
+            TaskOut::Int8(c) => {
+                let cr = &mut c[r * cs..(r + 1) * cs];
+                simd::affine_quantize_f32_then_range(
+                    isa,
+                    row(r),
+                    a,
+                    cr,
+                    store,
+                    next,
+                    ahead,
+                    magnitude,
+                )
+            }
+            TaskOut::Int4(w) => {
+                w.write_affine_f32_then_range(isa, row(r), a, next, ahead, magnitude)
+            }
+        };
+    }
+    Ok(())
 }
 
 /// A task's share of the output codes.

@@ -2,7 +2,7 @@
 //! nibble of byte `i`, element `2i + 1` in the high nibble, two's complement;
 //! the high nibble of an odd-length array's last byte is 0 (SPEC §2).
 
-use crate::simd::{self, Affine, Isa, Store};
+use crate::simd::{self, Affine, Isa, Range, Store};
 
 /// Bytes that hold `n` packed int4 codes: `ceil(n / 2)`.
 pub fn packed_len(n: usize) -> usize {
@@ -73,6 +73,30 @@ impl Int4Writer<'_> {
             simd::affine_quantize_f32(isa, v, a, &mut one, Store::Cached);
             self.write(isa, &one);
         }
+    }
+
+    /// [`write_affine_f32`](Self::write_affine_f32), then the range of `next`
+    /// as [`simd::row_range`] finds it; a run that starts and ends on a byte
+    /// boundary reads `next` in the same loop as it codes `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write_affine_f32_then_range(
+        &mut self,
+        isa: Isa,
+        x: &[f32],
+        a: Affine,
+        next: &[f32],
+        ahead: &[f32],
+        magnitude: bool,
+    ) -> Range<f32> {
+        if self.pos % 2 == 1 || x.len() % 2 == 1 {
+            self.write_affine_f32(isa, x, a, ahead);
+            return simd::row_range(isa, next, magnitude);
+        }
+        let at = self.pos / 2;
+        let out = &mut self.out[at..at + x.len() / 2];
+        let r = simd::affine_quantize_int4_f32_then_range(isa, x, a, out, next, ahead, magnitude);
+        self.pos += x.len();
+        r
     }
 }
 

@@ -593,16 +593,129 @@ unsafe fn affine64_f32_zp<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
     }
 }
 
+/// What a codes loop reads beside its own input, 64 floats a step: nothing,
+/// or the next row, whose range it gathers (the fused per-channel loop: the
+/// next row streams in from memory while this one is coded from cache).
+trait Beside {
+    /// Whether another step can be taken.
+    fn more(&self) -> bool;
+    /// Read the next 64 floats.
+    ///
+    /// # Safety
+    /// AVX-512F must be available and `more()` must have returned true.
+    unsafe fn step(&mut self);
+}
+
+/// Nothing beside: the plain codes loop.
+struct Nothing;
+
+impl Beside for Nothing {
+    #[inline(always)]
+    fn more(&self) -> bool {
+        false
+    }
+    #[inline(always)]
+    unsafe fn step(&mut self) {}
+}
+
+/// The range of a row gathered 64 floats a step ([`Beside`]), the rest by
+/// [`RowRange::finish`]; `MAG`: only max |x|, all a symmetric scale reads.
+struct RowRange<'a, const MAG: bool> {
+    x: &'a [f32],
+    /// Floats read so far (a multiple of 64).
+    done: usize,
+    lo: [__m512; 2],
+    hi: [__m512; 2],
+    /// Max of the bits of |x|: at least `F32_INF_BITS` iff a NaN or an
+    /// infinity was read.
+    bits: [__m512i; 2],
+}
+
+impl<'a, const MAG: bool> RowRange<'a, MAG> {
+    /// # Safety
+    /// AVX-512F must be available.
+    #[inline(always)]
+    unsafe fn new(x: &'a [f32]) -> Self {
+        // SAFETY: per this function's contract.
+        unsafe {
+            let (lo, hi) = (
+                _mm512_set1_ps(f32::INFINITY),
+                _mm512_set1_ps(f32::NEG_INFINITY),
+            );
+            RowRange {
+                x,
+                done: 0,
+                lo: [lo; 2],
+                hi: [hi; 2],
+                bits: [_mm512_setzero_si512(); 2],
+            }
+        }
+    }
+
+    /// The range of the whole row: what the steps gathered merged with the
+    /// rest's (`range_f32`, or for `MAG` `(-m, m)` from `absmax_bits`).
+    ///
+    /// # Safety
+    /// AVX-512F/BW must be available.
+    #[inline(always)]
+    unsafe fn finish(self) -> Range<f32> {
+        // SAFETY: per this function's contract; register reductions, and the
+        // rest is read by primitives that keep their own contracts.
+        unsafe {
+            let rest = &self.x[self.done..];
+            let bits = _mm512_reduce_max_epu32(_mm512_max_epu32(self.bits[0], self.bits[1]));
+            if MAG {
+                return super::kernels::magnitude(bits.max(Avx512::<false>::absmax_bits(rest)));
+            }
+            let gathered = Range {
+                min: _mm512_reduce_min_ps(_mm512_min_ps(self.lo[0], self.lo[1])),
+                max: _mm512_reduce_max_ps(_mm512_max_ps(self.hi[0], self.hi[1])),
+                non_finite: bits >= super::F32_INF_BITS,
+            };
+            gathered.merge(Avx512::<false>::range_f32(rest))
+        }
+    }
+}
+
+impl<const MAG: bool> Beside for RowRange<'_, MAG> {
+    #[inline(always)]
+    fn more(&self) -> bool {
+        self.x.len() - self.done >= 64
+    }
+    #[inline(always)]
+    unsafe fn step(&mut self) {
+        // SAFETY: `more()` held, so 64 floats are readable at `done`; AVX-512F
+        // per this function's contract. As in `range_f32`, the value goes
+        // first: vminps/vmaxps return their second operand for a NaN, so a
+        // NaN leaves the lane as it was (and shows in `bits`).
+        unsafe {
+            let p = self.x.as_ptr().add(self.done);
+            let abs = _mm512_set1_epi32(0x7fff_ffff);
+            for k in 0..4 {
+                let v = _mm512_loadu_ps(p.add(16 * k));
+                let b = _mm512_and_si512(_mm512_castps_si512(v), abs);
+                self.bits[k % 2] = _mm512_max_epu32(self.bits[k % 2], b);
+                if !MAG {
+                    self.lo[k % 2] = _mm512_min_ps(v, self.lo[k % 2]);
+                    self.hi[k % 2] = _mm512_max_ps(v, self.hi[k % 2]);
+                }
+            }
+            self.done += 64;
+        }
+    }
+}
+
 /// The affine codes loop over f32, with the shortcut's range check (`RANGE`)
 /// and clamp (`CLAMP`) compiled in or out (see `FastLanes`).
 #[inline(always)]
-unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool>(
+unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool, B: Beside>(
     x: &[f32],
     a: Affine,
     out: &mut [i8],
     store: Store,
     fast: &FastLanes,
     ahead: &[f32],
+    beside: &mut B,
 ) {
     let n = x.len().min(out.len());
     let (x, out) = (&x[..n], &mut out[..n]);
@@ -610,7 +723,7 @@ unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool>(
     // inside the equal-length `x` and `out` (a masked head, exact chunks of 64
     // then 16, a masked tail); streaming stores go to 64-byte aligned chunks
     // only (the head aligns them) and are fenced before returning. Prefetches
-    // only name addresses inside `ahead`.
+    // only name addresses inside `ahead`; `beside` steps only while `more()`.
     unsafe {
         let exact = AffineLanes::new(a);
         let mut ahead = ahead.chunks(16);
@@ -628,6 +741,9 @@ unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool>(
             // A line ahead for every 16 values coded.
             for line in (&mut ahead).take(4) {
                 _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            if beside.more() {
+                beside.step();
             }
             let q = pack64(affine64_f32::<RANGE, CLAMP>(c.as_ptr(), fast, &exact));
             match store {
@@ -652,6 +768,58 @@ unsafe fn quantize_f32_run<const RANGE: bool, const CLAMP: bool>(
     }
 }
 
+/// Affine codes of f32 values with `beside` read alongside (see [`Beside`]):
+/// the loop variant picked by what `FastLanes` proved.
+///
+/// # Safety
+/// AVX-512F/BW must be available.
+#[inline(always)]
+unsafe fn quantize_f32_beside<B: Beside>(
+    x: &[f32],
+    a: Affine,
+    out: &mut [i8],
+    store: Store,
+    ahead: &[f32],
+    b: &mut B,
+) {
+    // SAFETY: forwarded; a variant only drops checks `FastLanes` proved
+    // cannot fire.
+    unsafe {
+        let f = &FastLanes::new(a);
+        match (f.check_range, f.clamp) {
+            (false, false) => quantize_f32_run::<false, false, B>(x, a, out, store, f, ahead, b),
+            (false, true) => quantize_f32_run::<false, true, B>(x, a, out, store, f, ahead, b),
+            (true, false) => quantize_f32_run::<true, false, B>(x, a, out, store, f, ahead, b),
+            (true, true) => quantize_f32_run::<true, true, B>(x, a, out, store, f, ahead, b),
+        }
+    }
+}
+
+/// [`quantize_f32_beside`] for packed int4 codes.
+///
+/// # Safety
+/// AVX-512F/BW must be available.
+#[inline(always)]
+unsafe fn quantize_int4_f32_beside<B: Beside>(
+    x: &[f32],
+    a: Affine,
+    out: &mut [u8],
+    ahead: &[f32],
+    b: &mut B,
+) {
+    // SAFETY: forwarded; a variant only drops checks `FastLanes` proved
+    // cannot fire.
+    unsafe {
+        let f = &FastLanes::new(a);
+        match (f.check_range, f.clamp) {
+            (false, false) => quantize_int4_f32_run::<false, false, B>(x, a, out, f, ahead, b),
+            (false, true) => quantize_int4_f32_run::<false, true, B>(x, a, out, f, ahead, b),
+            (true, false) => quantize_int4_f32_run::<true, false, B>(x, a, out, f, ahead, b),
+            (true, true) => quantize_int4_f32_run::<true, true, B>(x, a, out, f, ahead, b),
+        }
+    }
+}
+
 /// The 8 packed bytes of 16 int4 codes held as i32 lanes (low 8 bytes of the
 /// result): each 64-bit lane's `lo & 15 | (hi & 15) << 4`.
 #[inline(always)]
@@ -667,19 +835,20 @@ unsafe fn nibble_pairs(q: __m512i) -> __m128i {
 /// and packed in registers (each 64-bit lane holds an even and an odd code:
 /// `lo & 15 | (hi & 15) << 4` is its low byte), the rest through a stage.
 #[inline(always)]
-unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool>(
+unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool, B: Beside>(
     x: &[f32],
     a: Affine,
     out: &mut [u8],
     fast: &FastLanes,
     ahead: &[f32],
+    beside: &mut B,
 ) {
     let n = (x.len() / 2).min(out.len());
     let (x, out) = (&x[..2 * n], &mut out[..n]);
     // SAFETY: AVX-512F/BW per the caller; each step reads `x[64k..64k + 64]`
     // and writes `out[32k..32k + 32]` of exact chunks; the rest goes through
     // the staged default on the remainders. Prefetches only name addresses
-    // inside `ahead`.
+    // inside `ahead`; `beside` steps only while `more()`.
     unsafe {
         let exact = AffineLanes::new(a);
         let mut ahead = ahead.chunks(16);
@@ -690,6 +859,9 @@ unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool>(
             for line in (&mut ahead).take(4) {
                 _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
             }
+            if beside.more() {
+                beside.step();
+            }
             let q = affine64_f32::<RANGE, CLAMP>(c.as_ptr(), fast, &exact);
             let lo = _mm_unpacklo_epi64(nibble_pairs(q[0]), nibble_pairs(q[1]));
             let hi = _mm_unpacklo_epi64(nibble_pairs(q[2]), nibble_pairs(q[3]));
@@ -699,7 +871,7 @@ unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool>(
         let (xr, or) = (xc.remainder(), oc.into_remainder());
         let mut codes = [0i8; 64];
         let cs = &mut codes[..xr.len()];
-        quantize_f32_run::<RANGE, CLAMP>(xr, a, cs, Store::Cached, fast, &[]);
+        quantize_f32_run::<RANGE, CLAMP, _>(xr, a, cs, Store::Cached, fast, &[], &mut Nothing);
         Avx512::<false>::pack_int4(cs, or);
     }
 }
@@ -2130,16 +2302,31 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
         store: Store,
         ahead: &[f32],
     ) {
-        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract); the loop
-        // variant only drops checks `FastLanes` proved cannot fire.
+        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract).
+        unsafe { quantize_f32_beside(x, a, out, store, ahead, &mut Nothing) }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_f32_then_range(
+        x: &[f32],
+        a: Affine,
+        out: &mut [i8],
+        store: Store,
+        next: &[f32],
+        ahead: &[f32],
+        magnitude: bool,
+    ) -> Range<f32> {
+        // One loop: each 64 codes of `x` beside 64 values of `next`.
+        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract).
         unsafe {
-            let fast = FastLanes::new(a);
-            let f = &fast;
-            match (fast.check_range, fast.clamp) {
-                (false, false) => quantize_f32_run::<false, false>(x, a, out, store, f, ahead),
-                (false, true) => quantize_f32_run::<false, true>(x, a, out, store, f, ahead),
-                (true, false) => quantize_f32_run::<true, false>(x, a, out, store, f, ahead),
-                (true, true) => quantize_f32_run::<true, true>(x, a, out, store, f, ahead),
+            if magnitude {
+                let mut r = RowRange::<true>::new(next);
+                quantize_f32_beside(x, a, out, store, ahead, &mut r);
+                r.finish()
+            } else {
+                let mut r = RowRange::<false>::new(next);
+                quantize_f32_beside(x, a, out, store, ahead, &mut r);
+                r.finish()
             }
         }
     }
@@ -2152,16 +2339,30 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
 
     #[inline(always)]
     unsafe fn affine_quantize_int4_f32_ahead(x: &[f32], a: Affine, out: &mut [u8], ahead: &[f32]) {
-        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract); the loop
-        // variant only drops checks `FastLanes` proved cannot fire.
+        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract).
+        unsafe { quantize_int4_f32_beside(x, a, out, ahead, &mut Nothing) }
+    }
+
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32_then_range(
+        x: &[f32],
+        a: Affine,
+        out: &mut [u8],
+        next: &[f32],
+        ahead: &[f32],
+        magnitude: bool,
+    ) -> Range<f32> {
+        // One loop, as `affine_quantize_f32_then_range`.
+        // SAFETY: forwarded (AVX-512F/BW per the Kernels contract).
         unsafe {
-            let fast = FastLanes::new(a);
-            let f = &fast;
-            match (fast.check_range, fast.clamp) {
-                (false, false) => quantize_int4_f32_run::<false, false>(x, a, out, f, ahead),
-                (false, true) => quantize_int4_f32_run::<false, true>(x, a, out, f, ahead),
-                (true, false) => quantize_int4_f32_run::<true, false>(x, a, out, f, ahead),
-                (true, true) => quantize_int4_f32_run::<true, true>(x, a, out, f, ahead),
+            if magnitude {
+                let mut r = RowRange::<true>::new(next);
+                quantize_int4_f32_beside(x, a, out, ahead, &mut r);
+                r.finish()
+            } else {
+                let mut r = RowRange::<false>::new(next);
+                quantize_int4_f32_beside(x, a, out, ahead, &mut r);
+                r.finish()
             }
         }
     }

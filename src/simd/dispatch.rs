@@ -310,6 +310,17 @@ pub fn range_f64(isa: Isa, x: &[f64]) -> Range<f64> {
     first_zero_sign(range_f64_lanes(isa, x), x)
 }
 
+/// The range of an f32 run as a scale reads it: [`range_f32`], or with
+/// `magnitude` `(-m, m)` for `m = max |x|` (all a symmetric scale reads),
+/// non-finite iff the run holds a NaN or an infinity.
+pub fn row_range(isa: Isa, x: &[f32], magnitude: bool) -> Range<f32> {
+    if magnitude {
+        super::kernels::magnitude(absmax_bits(isa, x))
+    } else {
+        range_f32(isa, x)
+    }
+}
+
 fn first_zero_sign<T: PartialEq + Copy + From<i8>>(mut r: Range<T>, x: &[T]) -> Range<T> {
     let zero = T::from(0);
     if !r.non_finite && (r.min == zero || r.max == zero) {
@@ -332,6 +343,35 @@ primitive!(
     /// `affine_quantize_f32`, bringing `ahead` toward the core meanwhile.
     affine_quantize_f32_ahead(x: &[f32], a: Affine, out: &mut [i8], store: Store, ahead: &[f32]) -> ()
 );
+paste_generic!(
+    /// `affine_quantize_f32_ahead`, then the range of `next` as the lanes
+    /// left it (see [`affine_quantize_f32_then_range`]).
+    affine_quantize_f32_then_range_lanes, affine_quantize_f32_then_range,
+    (x: &[f32], a: Affine, out: &mut [i8], store: Store, next: &[f32], ahead: &[f32], magnitude: bool),
+    Range<f32>
+);
+
+/// `affine_quantize_f32_ahead`, then the range of `next`: as [`range_f32`],
+/// or with `magnitude` `(-m, m)` for `m = max |next|` (all a symmetric scale
+/// reads), in one loop where the tier fuses them.
+#[allow(clippy::too_many_arguments)]
+pub fn affine_quantize_f32_then_range(
+    isa: Isa,
+    x: &[f32],
+    a: Affine,
+    out: &mut [i8],
+    store: Store,
+    next: &[f32],
+    ahead: &[f32],
+    magnitude: bool,
+) -> Range<f32> {
+    let r = affine_quantize_f32_then_range_lanes(isa, x, a, out, store, next, ahead, magnitude);
+    if magnitude {
+        r
+    } else {
+        first_zero_sign(r, next)
+    }
+}
 primitive!(
     /// Affine codes of f64 values (see [`Affine`]).
     affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]) -> ()
@@ -364,6 +404,32 @@ primitive!(
     /// `affine_quantize_int4_f32`, bringing `ahead` toward the core meanwhile.
     affine_quantize_int4_f32_ahead(x: &[f32], a: Affine, out: &mut [u8], ahead: &[f32]) -> ()
 );
+paste_generic!(
+    /// `affine_quantize_int4_f32_ahead`, then the range of `next` as the
+    /// lanes left it (see [`affine_quantize_int4_f32_then_range`]).
+    affine_quantize_int4_f32_then_range_lanes, affine_quantize_int4_f32_then_range,
+    (x: &[f32], a: Affine, out: &mut [u8], next: &[f32], ahead: &[f32], magnitude: bool),
+    Range<f32>
+);
+
+/// `affine_quantize_int4_f32_ahead`, then the range of `next` (as
+/// [`affine_quantize_f32_then_range`]).
+pub fn affine_quantize_int4_f32_then_range(
+    isa: Isa,
+    x: &[f32],
+    a: Affine,
+    out: &mut [u8],
+    next: &[f32],
+    ahead: &[f32],
+    magnitude: bool,
+) -> Range<f32> {
+    let r = affine_quantize_int4_f32_then_range_lanes(isa, x, a, out, next, ahead, magnitude);
+    if magnitude {
+        r
+    } else {
+        first_zero_sign(r, next)
+    }
+}
 primitive!(
     /// Unpack bytes into sign-extended int4 codes (low nibble first).
     unpack_int4(p: &[u8], out: &mut [i8]) -> ()

@@ -149,6 +149,19 @@ impl<T: PartialOrd + Copy> Range<T> {
     }
 }
 
+/// The range a symmetric scale reads from `bits`, the bits of max |x| of a
+/// run (as `absmax_bits` returns them): `(-m, m)`, non-finite iff `bits` is
+/// at least [`F32_INF_BITS`].
+#[inline(always)]
+pub(crate) fn magnitude(bits: u32) -> Range<f32> {
+    let m = f32::from_bits(bits);
+    Range {
+        min: -m,
+        max: m,
+        non_finite: bits >= F32_INF_BITS,
+    }
+}
+
 /// How a primitive writes a large output: a hint that never changes a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Store {
@@ -354,6 +367,31 @@ pub(crate) trait Kernels {
         // SAFETY: forwarded from this function's contract.
         unsafe { Self::affine_quantize_f32(x, a, out, store) }
     }
+    /// `affine_quantize_f32_ahead(x, ..)`, then the range of `next`:
+    /// `range_f32(next)`, or with `magnitude` [`magnitude`]`(absmax_bits(next))`
+    /// (all a symmetric scale reads). A tier may fuse the two loops, so the
+    /// next row streams in from memory while this one is coded from cache.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn affine_quantize_f32_then_range(
+        x: &[f32],
+        a: Affine,
+        out: &mut [i8],
+        store: Store,
+        next: &[f32],
+        ahead: &[f32],
+        magnitude: bool,
+    ) -> Range<f32> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            Self::affine_quantize_f32_ahead(x, a, out, store, ahead);
+            if magnitude {
+                self::magnitude(Self::absmax_bits(next))
+            } else {
+                Self::range_f32(next)
+            }
+        }
+    }
     /// `out[i] = affine code of x[i]` (see [`Affine`]).
     unsafe fn affine_quantize_f64(x: &[f64], a: Affine, out: &mut [i8]);
     /// `out[i] = ((q[i] as f64 - zp) * scale) as f32`.
@@ -401,6 +439,27 @@ pub(crate) trait Kernels {
         let _ = ahead;
         // SAFETY: forwarded from this function's contract.
         unsafe { Self::affine_quantize_int4_f32(x, a, out) }
+    }
+    /// `affine_quantize_int4_f32_ahead(x, ..)`, then the range of `next` (as
+    /// `affine_quantize_f32_then_range`).
+    #[inline(always)]
+    unsafe fn affine_quantize_int4_f32_then_range(
+        x: &[f32],
+        a: Affine,
+        out: &mut [u8],
+        next: &[f32],
+        ahead: &[f32],
+        magnitude: bool,
+    ) -> Range<f32> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            Self::affine_quantize_int4_f32_ahead(x, a, out, ahead);
+            if magnitude {
+                self::magnitude(Self::absmax_bits(next))
+            } else {
+                Self::range_f32(next)
+            }
+        }
     }
     /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
     /// the high one, over `min(p.len(), out.len() / 2)` bytes.

@@ -46,12 +46,13 @@ mod kernels;
 pub use dispatch::{
     absmax_bits, absmax_bits_ahead, absmax_blocks, absmax_columns, affine_dequantize_bf16,
     affine_dequantize_f16, affine_dequantize_f32, affine_dequantize_f64, affine_quantize_f32,
-    affine_quantize_f32_ahead, affine_quantize_f64, affine_quantize_int4_f32,
-    affine_quantize_int4_f32_ahead, bf16_to_f32, dequantize_scaled, dot_dequant_i4_rows,
-    dot_dequant_i8_rows, f16_to_f32, f32_to_bf16, f32_to_f16, f64_to_f32, f64_to_f32_odd, i8_dots,
-    i8_dots_packs, i8_products, pack_int4, pack_tokens, quantize_scaled, quantize_scaled_ahead,
-    quantize_scaled_then_absmax, range_f32, range_f64, scaled_blocks_dequantize, select_at_least,
-    shifted_moments, unpack_int4,
+    affine_quantize_f32_ahead, affine_quantize_f32_then_range, affine_quantize_f64,
+    affine_quantize_int4_f32, affine_quantize_int4_f32_ahead, affine_quantize_int4_f32_then_range,
+    bf16_to_f32, dequantize_scaled, dot_dequant_i4_rows, dot_dequant_i8_rows, f16_to_f32,
+    f32_to_bf16, f32_to_f16, f64_to_f32, f64_to_f32_odd, i8_dots, i8_dots_packs, i8_products,
+    pack_int4, pack_tokens, quantize_scaled, quantize_scaled_ahead, quantize_scaled_then_absmax,
+    range_f32, range_f64, row_range, scaled_blocks_dequantize, select_at_least, shifted_moments,
+    unpack_int4,
 };
 pub use isa::{env_warning, Isa, ENV_SIMD};
 pub use kernels::{

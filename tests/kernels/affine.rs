@@ -693,3 +693,157 @@ fn zero_extremes_keep_the_first_zeros_sign_on_every_isa() {
         (0.0f32.to_bits(), 1.0f32.to_bits())
     );
 }
+
+/// The fused per-channel step: a row's codes (int8, cached and streamed at
+/// several offsets, or packed int4) with the next row's range read beside
+/// them. Rows and next rows of unequal lengths (either may be empty or end
+/// in a tail), next rows holding NaN or an infinity, signed-zero extremes,
+/// the magnitude form and the full range: every tier gives the scalar codes
+/// and `row_range` of the next row, bit for bit.
+#[test]
+fn codes_fused_with_the_next_rows_range_match_scalar() {
+    let a = Affine {
+        inv: 1.0 / 0.0371,
+        zp: -3.0,
+        qmin: -128.0,
+        qmax: 127.0,
+        max_abs: f64::INFINITY,
+    };
+    let a4 = Affine {
+        inv: 1.0 / 0.61,
+        zp: 1.0,
+        qmin: -8.0,
+        qmax: 7.0,
+        max_abs: f64::INFINITY,
+    };
+    let x: Vec<f32> = adversarial_f64(300, 11).iter().map(|&v| v as f32).collect();
+    let mut next: Vec<f32> = adversarial_f64(300, 13).iter().map(|&v| v as f32).collect();
+    let ahead: Vec<f32> = adversarial_f64(300, 17).iter().map(|&v| v as f32).collect();
+    let bits = |r: simd::Range<f32>| (r.min.to_bits(), r.max.to_bits(), r.non_finite);
+    for isa in Isa::supported() {
+        for n in [0usize, 1, 15, 63, 64, 65, 128, 200, 256, 300] {
+            for m in [0usize, 1, 63, 64, 65, 130, 256, 300] {
+                for poison in [None, Some(f32::NAN), Some(f32::NEG_INFINITY), Some(0.0)] {
+                    let saved = next[..m].to_vec();
+                    match poison {
+                        Some(0.0) => {
+                            // Zeros of both signs as the only values: the
+                            // extremes are zeros, the first one's sign kept.
+                            for (i, v) in next[..m].iter_mut().enumerate() {
+                                *v = if i % 3 == 1 { -0.0 } else { 0.0 };
+                            }
+                        }
+                        Some(p) if m > 0 => next[m / 2] = p,
+                        _ => {}
+                    }
+                    let ns = &next[..m];
+                    let mut want = vec![0i8; n];
+                    simd::affine_quantize_f32(Isa::Scalar, &x[..n], a, &mut want, Store::Cached);
+                    let mut want4 = vec![0u8; n / 2];
+                    simd::affine_quantize_int4_f32(Isa::Scalar, &x[..n / 2 * 2], a4, &mut want4);
+                    for magnitude in [false, true] {
+                        let want_r = bits(simd::row_range(Isa::Scalar, ns, magnitude));
+                        for (off, st) in [
+                            (0, Store::Cached),
+                            (3, Store::Streaming),
+                            (64, Store::Streaming),
+                        ] {
+                            for ah in [&[][..], &ahead[..m]] {
+                                let mut buf = vec![0x55i8; off + n + 64];
+                                let out = &mut buf[off..off + n];
+                                let r = simd::affine_quantize_f32_then_range(
+                                    isa,
+                                    &x[..n],
+                                    a,
+                                    out,
+                                    st,
+                                    ns,
+                                    ah,
+                                    magnitude,
+                                );
+                                let what = format!("{isa:?} n {n} m {m} {poison:?} {magnitude}");
+                                assert_eq!(&buf[off..off + n], &want[..], "{what} off {off}");
+                                assert!(buf[..off]
+                                    .iter()
+                                    .chain(&buf[off + n..])
+                                    .all(|&b| b == 0x55));
+                                assert_eq!(bits(r), want_r, "{what}");
+                            }
+                        }
+                        let mut packed = vec![0xaau8; n / 2 + 8];
+                        let r = simd::affine_quantize_int4_f32_then_range(
+                            isa,
+                            &x[..n / 2 * 2],
+                            a4,
+                            &mut packed[..n / 2],
+                            ns,
+                            &ahead,
+                            magnitude,
+                        );
+                        let what = format!("int4 {isa:?} n {n} m {m} {poison:?} {magnitude}");
+                        assert_eq!(&packed[..n / 2], &want4[..], "{what}");
+                        assert!(packed[n / 2..].iter().all(|&b| b == 0xaa), "{what}");
+                        assert_eq!(bits(r), want_r, "{what}");
+                    }
+                    next[..m].copy_from_slice(&saved);
+                }
+            }
+        }
+        // The next row's extremes at every position, beside a row long
+        // enough to pair every step of it.
+        for m in [65usize, 130, 257] {
+            for at in 0..m {
+                let mut nx = next[..m].to_vec();
+                nx[at] = -3.0e30;
+                nx[(at + m / 2) % m] = 2.5e30;
+                let mut out = vec![0i8; 300];
+                for magnitude in [false, true] {
+                    let r = simd::affine_quantize_f32_then_range(
+                        isa,
+                        &x,
+                        a,
+                        &mut out,
+                        Store::Cached,
+                        &nx,
+                        &[],
+                        magnitude,
+                    );
+                    let want = if magnitude {
+                        (-3.0e30, 3.0e30)
+                    } else {
+                        (-3.0e30, 2.5e30)
+                    };
+                    assert_eq!((r.min, r.max), want, "{isa:?} m {m} at {at} {magnitude}");
+                }
+            }
+        }
+    }
+}
+
+/// Per-channel rows long enough for the fused loop's steps (64 values) and
+/// its tails, in every dtype the driver reads as f32 or stages: every tier
+/// equals scalar, and a NaN in any row reports the same first index.
+#[test]
+fn long_per_channel_rows_match_scalar() {
+    for cols in [64usize, 127, 128, 200, 1000] {
+        let rows = 5;
+        let x = adversarial_f64(rows * cols, cols as u64);
+        let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        check_all_isas(&xf, &[rows, cols]);
+        for bad in [0, cols - 1, 2 * cols + cols / 2, rows * cols - 1] {
+            let mut y = xf.clone();
+            y[bad] = f32::NAN;
+            y[(bad + cols + 3) % (rows * cols)] = f32::INFINITY;
+            let first = bad.min((bad + cols + 3) % (rows * cols));
+            for c in every_config() {
+                for isa in Isa::supported() {
+                    let e = run(isa, &y, &[rows, cols], c).expect_err("non-finite input");
+                    assert!(
+                        matches!(e, QuantError::NonFinite { index, .. } if index == first),
+                        "{isa:?} {c:?} cols {cols} bad {bad}: {e:?}"
+                    );
+                }
+            }
+        }
+    }
+}
