@@ -172,7 +172,9 @@ unsafe fn round16_exact(v: __m512, s: __m512) -> __m512i {
 const NEAR_TIE: f32 = 1.0 / 8192.0;
 
 /// `round_half_away(v * r)` as i32 lanes, where `r = 1/s` rounded, and the
-/// lanes where it may differ from `round16_exact(v, s)`.
+/// signed distance `e = z - rne(z)` of each lane's `z = fl(v * r)` (limited
+/// to ±2^24) from the nearest integer, which says where it may differ from
+/// `round16_exact(v, s)` (see [`near_tie`]).
 ///
 /// `y1 = v * r` is within `|q|·(2^-23 + 2^-24)` of `fl(v / s)` (`q` the exact
 /// quotient): under 2^-14.4 while `|q| < 256`, so the two round alike unless a
@@ -183,18 +185,29 @@ const NEAR_TIE: f32 = 1.0 / 8192.0;
 /// Where `|q| >= 256` unflagged, both round to 255 or more, which every
 /// clamp to ±clip (and the i8 saturation) maps alike.
 #[inline(always)]
-unsafe fn round16_fast(v: __m512, r: __m512) -> (__m512i, __mmask16) {
+unsafe fn round16_fast(v: __m512, r: __m512) -> (__m512i, __m512) {
     // SAFETY: the caller runs with AVX-512F/DQ (the Kernels contract).
     unsafe {
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         let y = _mm512_range_ps::<0b0010>(_mm512_mul_ps(v, r), _mm512_set1_ps(16_777_216.0));
-        let q = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
-        let e = _mm512_abs_ps(_mm512_reduce_ps::<
-            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-        >(y));
-        (
-            q,
-            _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(e, _mm512_set1_ps(0.5 - NEAR_TIE)),
-        )
+        (_mm512_cvt_roundps_epi32::<NEAREST>(y), _mm512_reduce_ps::<NEAREST>(y))
+    }
+}
+
+/// Whether a lane of four [`round16_fast`] distances lies within `NEAR_TIE`
+/// of a half (or is NaN): then the reciprocal's codes may differ from the
+/// division's. The largest magnitude of the four found first (`vrangeps`
+/// keeps a NaN), then one compare.
+#[inline(always)]
+unsafe fn near_tie(e: [__m512; 4]) -> bool {
+    // SAFETY: the caller runs with AVX-512F/DQ (the Kernels contract).
+    unsafe {
+        // vrangeps 0b1011: the larger magnitude, sign cleared.
+        const MAX_ABS: i32 = 0b1011;
+        let e01 = _mm512_range_ps::<MAX_ABS>(e[0], e[1]);
+        let e23 = _mm512_range_ps::<MAX_ABS>(e[2], e[3]);
+        let off = _mm512_range_ps::<MAX_ABS>(e01, e23);
+        _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(off, _mm512_set1_ps(0.5 - NEAR_TIE)) != 0
     }
 }
 
@@ -266,11 +279,11 @@ unsafe fn quant64(
             _mm512_loadu_ps(x.add(48)),
         ];
         if fast {
-            let (a, ka) = round16_fast(v[0], r);
-            let (b, kb) = round16_fast(v[1], r);
-            let (c, kc) = round16_fast(v[2], r);
-            let (d, kd) = round16_fast(v[3], r);
-            if (ka | kb | kc | kd) == 0 {
+            let (a, ea) = round16_fast(v[0], r);
+            let (b, eb) = round16_fast(v[1], r);
+            let (c, ec) = round16_fast(v[2], r);
+            let (d, ed) = round16_fast(v[3], r);
+            if !near_tie([ea, eb, ec, ed]) {
                 return narrow64([a, b, c, d], lo, hi);
             }
         }
