@@ -190,7 +190,10 @@ unsafe fn round16_fast(v: __m512, r: __m512) -> (__m512i, __m512) {
     unsafe {
         const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         let y = _mm512_range_ps::<0b0010>(_mm512_mul_ps(v, r), _mm512_set1_ps(16_777_216.0));
-        (_mm512_cvt_roundps_epi32::<NEAREST>(y), _mm512_reduce_ps::<NEAREST>(y))
+        (
+            _mm512_cvt_roundps_epi32::<NEAREST>(y),
+            _mm512_reduce_ps::<NEAREST>(y),
+        )
     }
 }
 
