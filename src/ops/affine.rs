@@ -671,9 +671,10 @@ fn per_channel<T: Float>(
 /// from cache and row `r + 2` is prefetched, so the memory never idles
 /// through a separate range pass. On Zen 4 (4096 x 4096 after a cache flush,
 /// both builds in one process, five runs): int8 symmetric 2-7 % faster on one
-/// thread and 5-6 % on two, asymmetric 0-9 %, int4 -3-6 %. Tiers without a
-/// fused primitive run the default (codes, then the range) in the same
-/// order. `Err(i)`: `x[i]` is the first non-finite value (every row before it
+/// thread and 5-6 % on two, asymmetric 0-9 %, int4 -3-6 %; the AVX2 tier
+/// (the same CPU capped to AVX2) int8 2-6 % on one thread and 6-8 % on two.
+/// AVX2 int4 and the scalar tier run the default (codes, then the range) in
+/// the same order. `Err(i)`: `x[i]` is the first non-finite value (every row before it
 /// is coded).
 #[allow(clippy::too_many_arguments)]
 fn fused_rows(

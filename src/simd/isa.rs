@@ -89,6 +89,8 @@ impl Isa {
     /// Python, 12 runs each side by side): per row 5-13 % faster on one
     /// thread (cold 2.3-2.9 -> 2.1-2.7 ms, warm 1.9-2.5 -> 1.8-2.3 ms), BitNet
     /// per token alike, 1-10 % on two. Scalar gains nothing from fusing.
+    /// Per-channel affine rows take the same shape where this holds
+    /// (`affine_quantize_f32_then_range`).
     pub fn fuses_row_passes(self) -> bool {
         match self {
             Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => true,
