@@ -2,7 +2,8 @@
 //! scalar kernel, which computes the same values.
 
 use super::kernels::{
-    products_via_dots, Affine, Kernels, PackedTokens, Range, Store, F32_FAST_LIMIT, F32_FAST_MARGIN,
+    products_via_dots, Affine, Beside, Kernels, Nothing, PackedTokens, Range, Store,
+    F32_FAST_LIMIT, F32_FAST_MARGIN,
 };
 use super::scalar::{self, quantize_one, Scalar};
 use super::Isa;
@@ -652,31 +653,6 @@ macro_rules! shortcut_instance {
             _ => $run::<true, true, true>($($arg),*),
         }
     };
-}
-
-/// What a codes loop reads beside its own input, 32 floats a step: nothing,
-/// or the next row, whose range it gathers (the fused per-channel loop, as
-/// on AVX-512: the next row streams in while this one is coded from cache).
-trait Beside {
-    /// Whether another step can be taken.
-    fn more(&self) -> bool;
-    /// Read the next 32 floats.
-    ///
-    /// # Safety
-    /// AVX2 must be available and `more()` must have returned true.
-    unsafe fn step(&mut self);
-}
-
-/// Nothing beside: the plain codes loop.
-struct Nothing;
-
-impl Beside for Nothing {
-    #[inline(always)]
-    fn more(&self) -> bool {
-        false
-    }
-    #[inline(always)]
-    unsafe fn step(&mut self) {}
 }
 
 /// The range of a row gathered 32 floats a step ([`Beside`]), the rest by

@@ -2,8 +2,8 @@
 //! so a block of any length runs without a scalar remainder loop.
 
 use super::kernels::{
-    products_via_dots, Affine, Kernels, PackedTokens, Range, Store, F32_FAST_LIMIT,
-    F32_FAST_MARGIN, PACKED_MIN_TOKENS,
+    products_via_dots, Affine, Beside, Kernels, Nothing, PackedTokens, Range, Store,
+    F32_FAST_LIMIT, F32_FAST_MARGIN, PACKED_MIN_TOKENS,
 };
 use super::scalar;
 use super::Isa;
@@ -607,31 +607,6 @@ unsafe fn affine64_f32_zp<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
         }
         q
     }
-}
-
-/// What a codes loop reads beside its own input, 64 floats a step: nothing,
-/// or the next row, whose range it gathers (the fused per-channel loop: the
-/// next row streams in from memory while this one is coded from cache).
-trait Beside {
-    /// Whether another step can be taken.
-    fn more(&self) -> bool;
-    /// Read the next 64 floats.
-    ///
-    /// # Safety
-    /// AVX-512F must be available and `more()` must have returned true.
-    unsafe fn step(&mut self);
-}
-
-/// Nothing beside: the plain codes loop.
-struct Nothing;
-
-impl Beside for Nothing {
-    #[inline(always)]
-    fn more(&self) -> bool {
-        false
-    }
-    #[inline(always)]
-    unsafe fn step(&mut self) {}
 }
 
 /// The range of a row gathered 64 floats a step ([`Beside`]), the rest by

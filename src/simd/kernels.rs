@@ -162,6 +162,33 @@ pub(crate) fn magnitude(bits: u32) -> Range<f32> {
     }
 }
 
+/// What a tier's codes loop reads beside its own input, a step at a time
+/// (the tier's step: 64 floats on AVX-512, 32 on AVX2): nothing, or the next
+/// row, whose range it gathers. The fused per-channel loop: the next row
+/// streams in from memory while this one is coded from cache.
+pub(crate) trait Beside {
+    /// Whether another step can be taken.
+    fn more(&self) -> bool;
+    /// Read the next step's values.
+    ///
+    /// # Safety
+    /// The implementing tier's CPU features must be available and `more()`
+    /// must have returned true.
+    unsafe fn step(&mut self);
+}
+
+/// Nothing beside: the plain codes loop.
+pub(crate) struct Nothing;
+
+impl Beside for Nothing {
+    #[inline(always)]
+    fn more(&self) -> bool {
+        false
+    }
+    #[inline(always)]
+    unsafe fn step(&mut self) {}
+}
+
 /// How a primitive writes a large output: a hint that never changes a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Store {
