@@ -779,7 +779,7 @@ unsafe fn affine32_run<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
 /// registers, paired into bytes by `maddubs` and stored 16 bytes at a time,
 /// two lines of `ahead` prefetched a chunk. (No fused variant: reading the
 /// next row's range beside it ran int4 per channel 2-5 % slower on this
-/// tier, 4096 x 4096 on Zen 4 capped to AVX2, where int8 gained 1-4 %.)
+/// tier, 4096 x 4096 on Zen 4 capped to AVX2, where int8 gained 2-6 %.)
 #[inline(always)]
 unsafe fn int4_32_run<const RANGE: bool, const CLAMP: bool, const ZP: bool>(
     xc: &mut std::slice::ChunksExact<'_, f32>,
