@@ -394,9 +394,22 @@ pub(crate) trait Kernels {
         // SAFETY: forwarded from this function's contract.
         unsafe { Self::affine_quantize_f32(x, a, out, store) }
     }
-    /// `affine_quantize_f32_ahead(x, ..)`, then the range of `next`:
-    /// `range_f32(next)`, or with `magnitude` [`magnitude`]`(absmax_bits(next))`
-    /// (all a symmetric scale reads). A tier may fuse the two loops, so the
+    /// The range of a run as a scale reads it: `range_f32(x)`, or with
+    /// `magnitude` [`magnitude`]`(absmax_bits(x))` (lanes as they fall; the
+    /// dispatcher's `row_range` fixes a zero extreme's sign).
+    #[inline(always)]
+    unsafe fn row_range(x: &[f32], magnitude: bool) -> Range<f32> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            if magnitude {
+                self::magnitude(Self::absmax_bits(x))
+            } else {
+                Self::range_f32(x)
+            }
+        }
+    }
+    /// `affine_quantize_f32_ahead(x, ..)`, then `row_range(next, magnitude)`
+    /// (with `magnitude`, all a symmetric scale reads). A tier may fuse the two loops, so the
     /// next row streams in from memory while this one is coded from cache.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
@@ -412,11 +425,7 @@ pub(crate) trait Kernels {
         // SAFETY: forwarded from this function's contract.
         unsafe {
             Self::affine_quantize_f32_ahead(x, a, out, store, ahead);
-            if magnitude {
-                self::magnitude(Self::absmax_bits(next))
-            } else {
-                Self::range_f32(next)
-            }
+            Self::row_range(next, magnitude)
         }
     }
     /// `out[i] = affine code of x[i]` (see [`Affine`]).
@@ -481,11 +490,7 @@ pub(crate) trait Kernels {
         // SAFETY: forwarded from this function's contract.
         unsafe {
             Self::affine_quantize_int4_f32_ahead(x, a, out, ahead);
-            if magnitude {
-                self::magnitude(Self::absmax_bits(next))
-            } else {
-                Self::range_f32(next)
-            }
+            Self::row_range(next, magnitude)
         }
     }
     /// Unpack: `out[2i]` is the sign-extended low nibble of `p[i]`, `out[2i+1]`
