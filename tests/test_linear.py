@@ -86,6 +86,32 @@ def test_inputs_of_every_dtype_and_layout():
     check(layer, x.astype(np.float16))
 
 
+class _Sub(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_the_direct_path_agrees_with_the_general_one(config):
+    """C-contiguous float32 tokens (1-D or 2-D) go straight to the kernel; a subclass,
+    another byte order, a misaligned or strided buffer or a 3-D batch take the general
+    path: the same bytes either way."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((40, 64)).astype(np.float32)
+    layer = fq.QuantizedLinear.from_linear(w, rng.standard_normal(40).astype(np.float32), config)
+    for shape in [(64,), (1, 64), (3, 64), (12, 64)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = check(layer, x)
+        raw = np.zeros(x.nbytes + 1, np.uint8)
+        misaligned = raw[1:].view(np.float32).reshape(shape)
+        misaligned[...] = x
+        strided = np.zeros((*shape[:-1], 128), np.float32)
+        strided[..., ::2] = x
+        for other in (x.view(_Sub), x.astype(">f4"), misaligned, strided[..., ::2]):
+            assert layer.forward(other).tobytes() == got.tobytes()
+        assert layer.forward(x[None]).tobytes() == got.tobytes()  # 3-D (or 2-D) batch
+        assert not np.shares_memory(got, x)
+
+
 def test_errors_name_the_argument():
     rng = np.random.default_rng(3)
     layer = fq.QuantizedLinear.from_linear(rng.standard_normal((4, 6)).astype(np.float32))

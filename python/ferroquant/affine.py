@@ -381,6 +381,10 @@ def dequantize(q: QuantizedTensor) -> np.ndarray:
     return _dequantize_as(q, q.dtype)
 
 
+# NumPy's float32 descriptor: native-order float32 arrays carry this very object.
+_F32 = np.dtype(np.float32)
+
+
 class QuantizedLinear:
     """A linear layer with a quantized weight (seed 001's ``QuantizedLinear``).
 
@@ -394,7 +398,7 @@ class QuantizedLinear:
         ShapeMismatchError: the weight is not 2-D or the bias does not match.
     """
 
-    __slots__ = ("_bias", "_weight_q")
+    __slots__ = ("_bias", "_native_head", "_native_tail", "_weight_q")
 
     def __init__(self, weight_q: QuantizedTensor, bias: Optional[Any] = None) -> None:
         if not isinstance(weight_q, QuantizedTensor):
@@ -413,6 +417,11 @@ class QuantizedLinear:
                     f"bias: expected shape ({weight_q.shape[0]},), got {b.shape}"
                 )
             self._bias = readonly(np.array(_finite_f32(b, "bias"), np.float32))
+        # The kernel's arguments around ``x`` and the token count, gathered once
+        # (the tensor is frozen): see ``forward``'s fast path.
+        q, (out_f, in_f) = weight_q, weight_q.shape
+        self._native_head = (q.data, q.config.bits, out_f, in_f, q.scales, q.zero_points)
+        self._native_tail = (self._bias, q.dtype)
 
     @classmethod
     def from_linear(
@@ -478,6 +487,21 @@ class QuantizedLinear:
             ShapeMismatchError: ``x``'s last dimension is not ``in_features``.
             NonFiniteError: ``x`` holds NaN or an infinity (or a value beyond float32).
         """
+        # The common call, a C-contiguous float32 token or batch, goes straight to
+        # the kernel. Between layers a model's weights evict the caches, and there
+        # each step of the general path below costs microseconds of misses: 55-70
+        # us in all for a 4096-wide token after a 64 MiB copy (Zen 4), a tenth of
+        # an int4 4096 x 4096 product.
+        if type(x) is np.ndarray and x.dtype is _F32:
+            head = self._native_head
+            shape = x.shape
+            if 0 < len(shape) < 3 and shape[-1] == head[3]:
+                flags = x.flags
+                if flags.c_contiguous and flags.aligned:
+                    if len(shape) == 1:
+                        return _native.linear_forward(*head, x, 1, *self._native_tail)
+                    flat = _native.linear_forward(*head, x, shape[0], *self._native_tail)
+                    return flat.reshape(shape[0], head[2])
         arr = float_input(x, "x")
         if arr.ndim == 0 or arr.shape[-1] != self.in_features:
             raise ShapeMismatchError(
