@@ -335,3 +335,38 @@ def test_float64_weights_below_float32_range_keep_their_values():
             x = np.full((tokens, 3), 1e30, np.float32)
             want = (x.astype(np.float64) @ fq.dequantize(q).T + [0.0, 1e-30]).astype(np.float32)
             np.testing.assert_allclose(layer.forward(x), want, rtol=1e-6, atol=0)
+
+
+def test_pickles_rebuild_the_layer_from_private_arrays():
+    """A layer pickles as its constructor call: out-of-band buffers (protocol 5) are
+    the caller's memory, and changing them after the load must not reach the loaded
+    layer's direct path; every copy's bias is read-only; the slot state older
+    versions pickled still loads."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(6)
+    for config in (fq.QuantConfig.int8_per_channel(), fq.QuantConfig.int4().asymmetric()):
+        w = rng.standard_normal((16, 32)).astype(np.float32)
+        layer = fq.QuantizedLinear.from_linear(w, rng.standard_normal(16), config)
+        x = rng.standard_normal(32).astype(np.float32)
+        want = layer.forward(x).tobytes()
+        buffers: list = []
+        blob = pickle.dumps(layer, protocol=5, buffer_callback=buffers.append)
+        mutable = [bytearray(b.raw()) for b in buffers]
+        assert mutable, "the weight's arrays go out of band"
+        clone = pickle.loads(blob, buffers=mutable)
+        for m in mutable:
+            m[:] = b"\x80" * len(m)
+        assert clone.forward(x).tobytes() == want
+        assert clone.forward(x.view(_Sub)).tobytes() == want
+        copies = [copy.copy(layer), copy.deepcopy(layer)]
+        copies += [pickle.loads(pickle.dumps(layer, protocol=p)) for p in range(6)]
+        for c in copies:
+            assert c.forward(x).tobytes() == want
+            assert not c.bias.flags.writeable
+        old = fq.QuantizedLinear.__new__(fq.QuantizedLinear)
+        old.__setstate__((None, {"_bias": layer.bias, "_weight_q": layer.weight_quantized}))
+        assert old.forward(x).tobytes() == want
+        with pytest.raises(TypeError, match="pickled state"):
+            fq.QuantizedLinear.__new__(fq.QuantizedLinear).__setstate__((None, {}))

@@ -423,6 +423,22 @@ class QuantizedLinear:
         self._native_head = (q.data, q.config.bits, out_f, in_f, q.scales, q.zero_points)
         self._native_tail = (self._bias, q.dtype)
 
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        # Pickled as its constructor call, never as its slots: unpickling then
+        # validates the weight again (whose own pickling copies any out-of-band
+        # buffer into private read-only arrays), makes the bias a private
+        # read-only copy and rebuilds ``forward``'s argument cache from those.
+        # Pickled slots would have carried the cache as a plain tuple, pointing at
+        # the caller's buffers after a protocol-5 load.
+        return (type(self), (self._weight_q, self._bias))
+
+    def __setstate__(self, state: Any) -> None:
+        # Pickles from before ``__reduce__`` hold the slots ``(None, {...})``.
+        slots = state[1] if isinstance(state, tuple) and len(state) == 2 else state
+        if not isinstance(slots, dict) or "_weight_q" not in slots:
+            raise TypeError("QuantizedLinear: unrecognised pickled state")
+        QuantizedLinear.__init__(self, slots["_weight_q"], slots.get("_bias"))
+
     @classmethod
     def from_linear(
         cls,
