@@ -299,6 +299,39 @@ def test_unaligned_memmap_and_unaligned_held_arrays(tmp_path, rng):
     assert np.array_equal(q.dequantize(), want.dequantize())
 
 
+def test_empty_arrays_at_odd_addresses_act_as_empty_arrays():
+    """NumPy calls an empty array aligned whatever its address; the bindings lend a
+    fresh empty array of the same shape in its place (a Rust slice must be aligned
+    even when empty), so every result is the one for an ordinary empty array."""
+    buf = bytearray(64)
+
+    def odd(dtype, shape):
+        a = np.ndarray(shape=shape, dtype=dtype, buffer=buf, offset=1)
+        assert a.flags.aligned and a.ctypes.data % np.dtype(dtype).alignment
+        return a
+
+    for dtype in (np.float32, np.float64):
+        for shape in [(0,), (3, 0), (0, 5)]:
+            want, got = np.zeros(shape, dtype), odd(dtype, shape)
+            assert fq.quantize(got) == fq.quantize(want)
+            assert fq.quantize(got, fq.QuantConfig.int4_per_channel()) == fq.quantize(
+                want, fq.QuantConfig.int4_per_channel()
+            )
+            assert fq.quantize_blockwise(got) == fq.quantize_blockwise(want)
+            assert fq.dynamic_quantize_int8(got) == fq.dynamic_quantize_int8(want)
+    layer = fq.QuantizedLinear.from_linear(np.ones((3, 0), np.float32), np.arange(3.0))
+    for shape in [(0,), (2, 0), (4, 2, 0)]:
+        got = layer.forward(odd(np.float32, shape))
+        assert got.tobytes() == layer.forward(np.zeros(shape, np.float32)).tobytes()
+        assert got.shape == (*shape[:-1], 3)
+    a = odd(np.float32, (0, 4))
+    fq.smooth_activations(a, np.ones(4, np.float32))  # nothing to change, no error
+    with pytest.raises(fq.ShapeMismatchError):
+        fq.smooth_activations(a, np.ones(3, np.float32))
+    q = fq.quantize(np.zeros(0, np.float32))
+    assert q.numel() == 0 and q.values().shape == (0,)
+
+
 # --- 9. loading: every holdable dtype, identically through both paths -----------------
 
 

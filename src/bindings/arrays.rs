@@ -54,11 +54,24 @@ fn readonly<'py, T: Element>(
     let arr = x
         .cast::<PyArrayDyn<T>>()
         .map_err(|e| PyTypeError::new_err(format!("{arg}: {e}")))?;
+    if misaligned_empty(arr) {
+        // NumPy calls an empty array aligned whatever its pointer (a view at an odd
+        // byte offset), but a Rust slice, even an empty one, must be aligned: lend
+        // an empty array of the same shape that NumPy allocated instead.
+        let fresh = output::<T>(x.py(), 0)?.reshape(arr.shape())?;
+        return fresh.try_readonly().map_err(|e| borrow_error(arg, e));
+    }
     let ro = arr.try_readonly().map_err(|e| borrow_error(arg, e))?;
     if !ro.is_c_contiguous() {
         return Err(PyValueError::new_err(format!("{arg} must be C-contiguous")));
     }
     Ok(ro)
+}
+
+/// Whether `arr` has no elements and a data pointer not aligned for `T`: its
+/// elements cannot be lent as a slice (see [`readonly`]).
+pub(crate) fn misaligned_empty<T: Element>(arr: &Bound<'_, PyArrayDyn<T>>) -> bool {
+    arr.len() == 0 && !(arr.data() as usize).is_multiple_of(std::mem::align_of::<T>())
 }
 
 fn dtype_str(arr: &Bound<'_, PyUntypedArray>) -> String {

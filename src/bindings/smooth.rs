@@ -63,7 +63,14 @@ pub(crate) fn smooth_in_place(
     let mut rw = arr
         .try_readwrite()
         .map_err(|e| super::arrays::borrow_error(arg, e))?;
-    let xs = rw.as_slice_mut()?;
+    // An empty array's pointer may be misaligned (see `misaligned_empty`): nothing
+    // to smooth, but the factors are still checked.
+    let mut none: [f32; 0] = [];
+    let xs: &mut [f32] = if super::arrays::misaligned_empty(arr) {
+        &mut none
+    } else {
+        rw.as_slice_mut()?
+    };
     py.detach(|| {
         if multiply {
             sm::smooth_weights(xs, ss)
