@@ -368,5 +368,55 @@ def test_pickles_rebuild_the_layer_from_private_arrays():
         old = fq.QuantizedLinear.__new__(fq.QuantizedLinear)
         old.__setstate__((None, {"_bias": layer.bias, "_weight_q": layer.weight_quantized}))
         assert old.forward(x).tobytes() == want
-        with pytest.raises(TypeError, match="pickled state"):
-            fq.QuantizedLinear.__new__(fq.QuantizedLinear).__setstate__((None, {}))
+        bad_states = [
+            (None, {}),
+            ("garbage", {"_weight_q": layer.weight_quantized}),
+            (None, {"_weight_q": layer.weight_quantized, "unknown": 1}),
+            {"_native_head": ()},
+            {"tag": 1},  # plain layers have no attributes of their own
+            [1, 2],
+        ]
+        for state in bad_states:
+            with pytest.raises(TypeError, match="pickled state"):
+                clone.__setstate__(state)
+        with pytest.raises(TypeError, match="pickled state"):  # not built by the constructor
+            fq.QuantizedLinear.__new__(fq.QuantizedLinear).__setstate__({})
+
+
+class _Tagged(fq.QuantizedLinear):
+    pass
+
+
+class _Scaled(fq.QuantizedLinear):
+    __slots__ = ("__private", "scale")
+
+    def __init__(self, weight_q, scale=1.0):
+        super().__init__(weight_q)
+        self.scale = scale
+        self.__private = -scale
+
+
+def test_subclasses_keep_their_class_and_attributes_through_copies():
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    x = rng.standard_normal(16).astype(np.float32)
+    tagged = _Tagged.from_linear(w, None, fq.QuantConfig.int8_per_channel())
+    tagged.tag = "kept"
+    scaled = _Scaled(fq.quantize(w, fq.QuantConfig.int4_per_channel()), 2.0)
+    cases = [(tagged, {"tag": "kept"}), (scaled, {"scale": 2.0, "_Scaled__private": -2.0})]
+    for layer, attrs in cases:
+        want = layer.forward(x).tobytes()
+        copies = [copy.copy(layer), copy.deepcopy(layer)]
+        copies += [pickle.loads(pickle.dumps(layer, protocol=p)) for p in range(6)]
+        for c in copies:
+            assert type(c) is type(layer)
+            assert c.forward(x).tobytes() == want
+            for name, value in attrs.items():
+                assert getattr(c, name) == value
+    # The slot state older versions wrote for a subclass, attributes included.
+    old = _Tagged.__new__(_Tagged)
+    old.__setstate__(({"tag": "old"}, {"_weight_q": tagged.weight_quantized, "_bias": None}))
+    assert old.tag == "old" and old.forward(x).tobytes() == tagged.forward(x).tobytes()

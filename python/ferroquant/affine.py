@@ -383,6 +383,18 @@ def dequantize(q: QuantizedTensor) -> np.ndarray:
 
 # NumPy's float32 descriptor: native-order float32 arrays carry this very object.
 _F32 = np.dtype(np.float32)
+#: The slots ``QuantizedLinear`` fills itself: never taken from a pickled state.
+_LINEAR_SLOTS = frozenset(("_bias", "_native_head", "_native_tail", "_weight_q"))
+
+
+def _rebuild_linear(cls: type, weight_q: Any, bias: Any) -> QuantizedLinear:
+    """Unpickle a :class:`QuantizedLinear` or a subclass of it: through the
+    constructor's checks, whatever the subclass's own ``__init__`` takes."""
+    if not (isinstance(cls, type) and issubclass(cls, QuantizedLinear)):
+        raise TypeError(f"not a QuantizedLinear class: {cls!r}")
+    layer = cls.__new__(cls)
+    QuantizedLinear.__init__(layer, weight_q, bias)
+    return layer
 
 
 class QuantizedLinear:
@@ -423,21 +435,61 @@ class QuantizedLinear:
         self._native_head = (q.data, q.config.bits, out_f, in_f, q.scales, q.zero_points)
         self._native_tail = (self._bias, q.dtype)
 
-    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
-        # Pickled as its constructor call, never as its slots: unpickling then
-        # validates the weight again (whose own pickling copies any out-of-band
-        # buffer into private read-only arrays), makes the bias a private
-        # read-only copy and rebuilds ``forward``'s argument cache from those.
-        # Pickled slots would have carried the cache as a plain tuple, pointing at
-        # the caller's buffers after a protocol-5 load.
-        return (type(self), (self._weight_q, self._bias))
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # Pickled through the constructor, never as its slots: the layer is rebuilt
+        # from the weight as the weight's own pickling restores it (buffers passed
+        # out of band copied into private read-only arrays) and the bias as a
+        # private read-only copy, and ``forward``'s argument cache is rebuilt from
+        # those. Pickled slots carried the cache as a plain tuple, pointing at the
+        # caller's buffers after a protocol-5 load. A subclass keeps its class and
+        # its own attributes (its ``__init__`` is not called).
+        return (_rebuild_linear, (type(self), self._weight_q, self._bias), self._own_state())
+
+    def _own_state(self) -> Optional[Dict[str, Any]]:
+        """A subclass's own attributes (its ``__dict__`` and slots), or None."""
+        state = dict(getattr(self, "__dict__", None) or {})
+        for klass in type(self).__mro__:
+            if klass is QuantizedLinear:
+                break
+            slots = klass.__dict__.get("__slots__", ())
+            for name in (slots,) if isinstance(slots, str) else slots:
+                if name in ("__dict__", "__weakref__"):
+                    continue
+                if name.startswith("__") and not name.endswith("__"):
+                    name = f"_{klass.__name__.lstrip('_')}{name}"  # a mangled private slot
+                if hasattr(self, name):
+                    state[name] = getattr(self, name)
+        return state or None
 
     def __setstate__(self, state: Any) -> None:
-        # Pickles from before ``__reduce__`` hold the slots ``(None, {...})``.
-        slots = state[1] if isinstance(state, tuple) and len(state) == 2 else state
-        if not isinstance(slots, dict) or "_weight_q" not in slots:
+        if isinstance(state, tuple):
+            # Written before ``__reduce__``: object's default ``(dict or None, slots)``.
+            if (
+                len(state) != 2
+                or not (state[0] is None or isinstance(state[0], dict))
+                or not isinstance(state[1], dict)
+                or "_weight_q" not in state[1]
+            ):
+                raise TypeError("QuantizedLinear: unrecognised pickled state")
+            attrs = {**(state[0] or {}), **state[1]}
+            QuantizedLinear.__init__(self, attrs.pop("_weight_q"), attrs.pop("_bias", None))
+            attrs.pop("_native_head", None)
+            attrs.pop("_native_tail", None)
+        elif (
+            isinstance(state, dict)
+            and not _LINEAR_SLOTS & state.keys()
+            and hasattr(self, "_native_head")
+        ):
+            attrs = state  # a subclass's own attributes, after _rebuild_linear
+        else:
             raise TypeError("QuantizedLinear: unrecognised pickled state")
-        QuantizedLinear.__init__(self, slots["_weight_q"], slots.get("_bias"))
+        for name, value in attrs.items():
+            if not isinstance(name, str):
+                raise TypeError("QuantizedLinear: unrecognised pickled state")
+            try:
+                setattr(self, name, value)
+            except AttributeError as e:
+                raise TypeError(f"QuantizedLinear: unrecognised pickled state ({e})") from None
 
     @classmethod
     def from_linear(
