@@ -1430,6 +1430,7 @@ def test_calib_stats_stream_crowded_values_without_copying_them():
 
 
 def test_results_cannot_be_made_writable_and_unpickling_copies_caller_buffers():
+    import copy
     import pickle
 
     x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
@@ -1456,6 +1457,14 @@ def test_results_cannot_be_made_writable_and_unpickling_copies_caller_buffers():
             m[:] = b"\x80" * len(m)
         assert clone == q, type(q).__name__
         assert pickle.loads(pickle.dumps(q)) == q
+        # An array reachable elsewhere in what was loaded: the caller may own it,
+        # and the loaded value must not be holding the same memory.
+        name = q._arrays[0]
+        loads = [copy.deepcopy((getattr(q, name), q))]
+        loads += [pickle.loads(pickle.dumps((getattr(q, name), q), protocol=p)) for p in range(5)]
+        for alias, loaded in loads:
+            assert not np.shares_memory(alias, getattr(loaded, name)), type(q).__name__
+            assert loaded == q
 
 
 def test_an_interrupted_write_leaves_no_file_and_no_descriptor(tmp_path):

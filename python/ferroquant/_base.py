@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 import numpy as np
 
 from . import _format
-from ._checks import held, owned
+from ._checks import kernel_layout, owned
 from .errors import FormatError, InvalidConfigError
 
 Q = TypeVar("Q", bound="Quantized")
@@ -124,18 +124,17 @@ def _jsonable(v: Any) -> Any:
 
 
 def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
-    """Unpickle: arrays pickle made from its own bytes are the value's (read-only
-    views of them are held); arrays over buffers passed out of band (protocol 5)
-    are the caller's memory, so ``held`` copies them."""
+    """Unpickle: every array is copied into a private read-only one. Arrays over
+    buffers passed out of band (protocol 5) are the caller's memory; and an array
+    pickle or ``copy.deepcopy`` made from its own bytes may also be reachable
+    elsewhere in what was loaded (``deepcopy((q.data, q))`` hands the caller the
+    very array the copy of ``q`` holds), whose owner could make it writable again."""
     fields = dict(fields)
     for name in cls._arrays:
         arr = fields[name]
-        if arr is None:
-            continue
-        if type(arr) is np.ndarray and arr.base is None:
-            fields[name] = owned(arr)
-        else:
-            fields[name] = held(arr)
+        if arr is not None:
+            out = kernel_layout(arr)  # native order, aligned, C order: a copy, or ``arr``
+            fields[name] = owned(np.array(out, subok=False) if out is arr else out)
     return cls._trusted(**fields)
 
 
