@@ -79,6 +79,22 @@ fn lanes_mask(n: usize) -> __mmask16 {
 /// `vpdpbusd` GEMV went from 14 to 21 GB/s.
 const PREFETCH_BYTES: usize = 32 * 1024;
 
+/// How far ahead the int4 dequantizing dot product also prefetches into L1
+/// (`prefetcht0`), beside the L2 prefetch [`PREFETCH_BYTES`] ahead. Zen 4
+/// drops some `prefetcht1` requests, in periods of minutes; a call whose far
+/// prefetches were dropped waited on memory line by line (with no software
+/// prefetch at all the flushed 4096² int4 forward took 1.85 ms, and in bad
+/// periods 1.4-1.8 against 0.73-0.9 in good ones). A second request 2 KiB
+/// on (one row of the next tile at 4096 columns) refetches what was dropped
+/// in time. Old and new builds in alternating processes, 16 pairs, medians
+/// of 15 flushed calls: 0.72-1.10 ms (mean 0.87) against 0.73-1.82 (mean
+/// 1.18), the fastest unchanged. The int8 kernel, one row a step and twice
+/// the bytes per product, got slower with it (mean 1.21 against 1.13 ms)
+/// and keeps the far prefetch alone. `prefetcht0` alone does worse: 32 KiB
+/// ahead it evicts the activation from L1 (1.2 ms int4, 1.7-1.9 int8), and
+/// 4-8 KiB ahead it comes late (1.1-1.2 ms int4).
+const NEAR_BYTES: usize = 2048;
+
 /// The first of the rows (stride `stride` bytes, `R` a tile) to prefetch
 /// while a tile at `base` is summed: about [`PREFETCH_BYTES`] ahead, whole
 /// tiles, at least the next one; `None` when the slice (of `len` bytes from
@@ -1595,15 +1611,16 @@ unsafe fn step_i4<const R: usize>(
     xs: *const f32,
     table: &[__m512; R],
     acc: &mut [[__m512; 4]; R],
-    ahead: Option<*const u8>,
+    ahead: Option<(*const u8, *const u8)>,
 ) {
     // SAFETY: the caller guarantees 64 bytes at `p + r·stride` for r < R,
     // 128 floats at `xs`, and AVX-512F; prefetches never fault.
     unsafe {
         let mut words = [_mm512_setzero_si512(); R];
         for r in 0..R {
-            if let Some(a) = ahead {
-                _mm_prefetch::<_MM_HINT_T1>(a.add(r * stride).cast());
+            if let Some((far, near)) = ahead {
+                _mm_prefetch::<_MM_HINT_T1>(far.add(r * stride).cast());
+                _mm_prefetch::<_MM_HINT_T0>(near.add(r * stride).cast());
             }
             words[r] = _mm512_loadu_si512(p.add(r * stride).cast());
         }
@@ -1695,8 +1712,11 @@ unsafe fn rows_i4<const R: usize>(
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         let next = rows_ahead::<u8, R>(p.as_ptr(), stride, p.len());
         for i in (0..body).step_by(BLOCK) {
-            // A step reads one 64-byte stretch a row: fetch the one ahead.
-            let ahead = next.map(|a| a.wrapping_add(i / 2));
+            // A step reads one 64-byte stretch a row: fetch the ones ahead,
+            // far and near (both inside the slice when the far rows are:
+            // `NEAR_BYTES` is short of them).
+            let near = p.as_ptr().wrapping_add(i / 2 + NEAR_BYTES);
+            let ahead = next.map(|a| (a.wrapping_add(i / 2), near));
             let (pp, xp) = (p.as_ptr().add(i / 2), xs.as_ptr().add(i));
             step_i4::<R>(pp, stride, xp, &table, &mut acc, ahead);
         }
