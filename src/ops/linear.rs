@@ -238,11 +238,15 @@ pub fn linear_forward_with(
     // The dot products read the activation from a copy on 64-byte
     // boundaries (int4 with even rows: in `nibble_planes` order).
     let planes = matches!(w.codes, WeightCodes::Int4(_)) && in_f % 2 == 0;
+    // Without memory for the int4 planes the panel path runs instead (it
+    // needs no copy of the activation).
     let act = if panels {
-        Activation::default()
+        None
     } else {
         Activation::new(x, in_f, planes)
     };
+    let panels = panels || act.is_none();
+    let act = act.unwrap_or_default();
     let job = Job {
         isa,
         w: *w,
@@ -363,7 +367,9 @@ struct Activation {
 }
 
 impl Activation {
-    fn new(x: &[f32], in_f: usize, planes: bool) -> Self {
+    /// `None` when the planes copy cannot be allocated (a natural-order one
+    /// falls back to reading `x` in place).
+    fn new(x: &[f32], in_f: usize, planes: bool) -> Option<Self> {
         let stride = if planes {
             simd::scalar::planes_len(in_f)
         } else {
@@ -372,12 +378,12 @@ impl Activation {
         let tokens = x.len() / in_f.max(1);
         let len = tokens.saturating_mul(stride).saturating_add(15);
         let mut buf = Vec::new();
-        if buf.try_reserve_exact(len).is_err() && !planes {
-            return Activation {
+        if buf.try_reserve_exact(len).is_err() {
+            return (!planes).then(|| Activation {
                 direct: true,
                 stride: in_f,
                 ..Activation::default()
-            };
+            });
         }
         buf.resize(len, 0.0);
         let start = (64 - buf.as_ptr() as usize % 64) % 64 / 4;
@@ -391,12 +397,12 @@ impl Activation {
                 row[..in_f].copy_from_slice(xt);
             }
         }
-        Activation {
+        Some(Activation {
             buf,
             start,
             stride,
             direct: false,
-        }
+        })
     }
 
     /// Token `t`: `len` floats (`in_f`, or the planes' padded length).
