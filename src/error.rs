@@ -49,6 +49,13 @@ pub enum QuantError {
         /// What was wrong with it.
         msg: String,
     },
+    /// A call's working memory could not be allocated.
+    OutOfMemory {
+        /// What the memory was for.
+        what: &'static str,
+        /// How many bytes were asked for.
+        bytes: usize,
+    },
 }
 
 /// Shorthand for `std::result::Result<T, QuantError>`.
@@ -76,11 +83,31 @@ impl fmt::Display for QuantError {
                  overflows float16 (largest finite 65504); use float32 scales"
             ),
             QuantError::Format { msg } => write!(f, "malformed data: {msg}"),
+            QuantError::OutOfMemory { what, bytes } => {
+                write!(
+                    f,
+                    "out of memory: {bytes} bytes for {what} could not be allocated"
+                )
+            }
         }
     }
 }
 
 impl std::error::Error for QuantError {}
+
+/// `n` copies of `v` in a new vector, or [`QuantError::OutOfMemory`] naming
+/// `what` when the memory cannot be had (where `vec![v; n]` would abort the
+/// process): for working memory whose size follows the caller's input.
+pub fn try_filled<T: Clone>(n: usize, v: T, what: &'static str) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n)
+        .map_err(|_| QuantError::OutOfMemory {
+            what,
+            bytes: n.saturating_mul(std::mem::size_of::<T>()),
+        })?;
+    out.resize(n, v);
+    Ok(out)
+}
 
 impl QuantError {
     /// Shorthand for an [`QuantError::InvalidConfig`].
@@ -104,6 +131,20 @@ impl QuantError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn impossible_working_memory_is_an_error_not_an_abort() {
+        let e = try_filled(usize::MAX / 2, 0f32, "the test's scratch").unwrap_err();
+        assert_eq!(
+            e,
+            QuantError::OutOfMemory {
+                what: "the test's scratch",
+                bytes: usize::MAX, // the byte count saturates
+            }
+        );
+        assert!(e.to_string().starts_with("out of memory: "), "{e}");
+        assert_eq!(try_filled(3, 7u8, "three").unwrap(), vec![7, 7, 7]);
+    }
 
     #[test]
     fn messages_name_the_argument() {

@@ -1583,3 +1583,82 @@ def test_real_numbers_of_every_kind_are_taken_alike():
             fq.Percentile(odd)
         with pytest.raises(TypeError, match="clip_val must be a real number"):
             fq.compute_scale(x, odd)
+
+
+# --- found by the fourth adversarial review (the forward and W8A8 kernels) ---------------
+
+
+def test_working_memory_that_cannot_be_had_is_memory_error():
+    # Each call's output fits under the limit; the scratch memory the kernel then
+    # needs (as large as the input or the output) does not. That aborted the
+    # process ("memory allocation of N bytes failed"); an int4 activation whose
+    # planes copy failed once took another path, with other bits.
+    r = run_python(
+        """
+        import resource, numpy as np, ferroquant as fq
+        def vm():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+        AS, INF = resource.RLIMIT_AS, resource.RLIM_INFINITY
+        def limited(name, call, headroom_mib):
+            resource.setrlimit(AS, (vm() + headroom_mib * 2**20, INF))
+            try:
+                call()
+                print(name, "ran")
+            except MemoryError as e:
+                # Ours, not NumPy's for the output: the scratch was what failed.
+                print(name, "MemoryError", str(e).startswith("out of memory"))
+            finally:
+                resource.setrlimit(AS, (INF, INF))
+        fq.set_output_cache(0)
+        # Many tokens: the panel path's outputs (4 bytes a token) after the output.
+        layer = fq.QuantizedLinear.from_linear(np.ones((1, 1), np.float32))
+        x = np.ones((20_000_000, 1), np.float32)
+        limited("panels", lambda: layer.forward(x), 100)
+        # A float64 weight past float32's range: every output summed in f64.
+        layer = fq.QuantizedLinear.from_linear(np.full((1, 2), 1e40))
+        x = np.ones((10_000_000, 2), np.float32)
+        limited("exact", lambda: layer.forward(x), 120)
+        # Float32 sums that overflow where the exact ones do not: redone in f64.
+        layer = fq.QuantizedLinear.from_linear(np.ones((1, 4), np.float32))
+        x = np.tile(np.array([3e38, 3e38, -3e38, -3e38], np.float32), (10_000_000, 1))
+        limited("redo", lambda: layer.forward(x), 120)
+        # W8A8 with many tokens: the per-token scales after the codes and the output.
+        w = np.ones((1, 2), np.int8)
+        s = np.ones(1, np.float32)
+        x = np.ones((10_000_000, 2), np.float32)
+        limited("w8a8", lambda: fq.w8a8_matmul(w, s, x), 60)
+        # An int4 weight at batch 7: the activation's planes copy (56 MB).
+        layer = fq.QuantizedLinear.from_linear(
+            np.ones((29, 2_000_000), np.float32), None, fq.QuantConfig.int4_per_channel()
+        )
+        x = np.ones((7, 2_000_000), np.float32)
+        want = layer.forward(x)
+        limited("planes", lambda: layer.forward(x), 30)
+        assert np.array_equal(layer.forward(x), want)
+        print("done")
+        """,
+        env_extra={"FERROQUANT_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.split("\n")
+    for name in ("panels", "exact", "redo", "w8a8", "planes"):
+        assert f"{name} MemoryError True" in lines, r.stdout + r.stderr[-2000:]
+    assert "done" in lines
+    assert "memory allocation" not in r.stderr
+
+
+def test_calling_a_layer_runs_its_own_classes_forward():
+    class ReLULinear(fq.QuantizedLinear):
+        def forward(self, x):
+            return np.maximum(super().forward(x), 0)
+
+    layer = ReLULinear.from_linear(np.array([[-1.0, 0.0]], np.float32))
+    x = np.array([1.0, 0.0], np.float32)
+    assert layer.forward(x).tolist() == [0.0]
+    assert layer(x).tolist() == [0.0]
+    # The base class still calls straight through.
+    base = fq.QuantizedLinear.from_linear(np.array([[-1.0, 0.0]], np.float32))
+    assert base(x).tolist() == base.forward(x).tolist() == [-1.0]

@@ -594,7 +594,10 @@ class QuantizedLinear:
         )
         return flat.reshape(*lead, out_f)
 
-    __call__ = forward
+    def __call__(self, x: Any) -> np.ndarray:
+        """``self.forward(x)``, through the instance's class (a subclass's
+        ``forward`` included)."""
+        return self.forward(x)
 
     def __repr__(self) -> str:
         c = self._weight_q.config

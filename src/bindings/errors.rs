@@ -52,6 +52,10 @@ pub(crate) fn to_pyerr(py: Python<'_>, err: QuantError) -> PyErr {
         QuantError::EmptyInput { .. } => Class::EmptyInput,
         QuantError::NonFinite { .. } => Class::NonFinite,
         QuantError::Format { .. } => Class::Format,
+        // Python's own class, as for an output NumPy could not allocate.
+        QuantError::OutOfMemory { .. } => {
+            return pyo3::exceptions::PyMemoryError::new_err(err.to_string())
+        }
     };
     let msg = match &err {
         // The core speaks of float32 scales; Python's argument is scale_dtype.

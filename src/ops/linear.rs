@@ -24,7 +24,7 @@
 //! the ISA or the thread count.
 
 use crate::element::Float;
-use crate::error::{QuantError, Result};
+use crate::error::{try_filled, QuantError, Result};
 use crate::ops::pack::packed_len;
 use crate::parallel;
 use crate::simd::{self, Isa, Store};
@@ -238,15 +238,11 @@ pub fn linear_forward_with(
     // The dot products read the activation from a copy on 64-byte
     // boundaries (int4 with even rows: in `nibble_planes` order).
     let planes = matches!(w.codes, WeightCodes::Int4(_)) && in_f % 2 == 0;
-    // Without memory for the int4 planes the panel path runs instead (it
-    // needs no copy of the activation).
     let act = if panels {
-        None
+        Activation::default()
     } else {
-        Activation::new(x, in_f, planes)
+        Activation::new(x, in_f, planes)?
     };
-    let panels = panels || act.is_none();
-    let act = act.unwrap_or_default();
     let job = Job {
         isa,
         w: *w,
@@ -261,9 +257,10 @@ pub fn linear_forward_with(
     // in f32): every output is summed in f64 instead. Only a hand-built or
     // loaded tensor has such a scale.
     if w.dequant == DequantDtype::F64 && !f32_exact {
-        let all: Vec<usize> = (0..tokens).collect();
+        let mut all = try_filled(tokens, 0usize, "the token list")?;
+        all.iter_mut().enumerate().for_each(|(t, v)| *v = t);
         for r in 0..out_f {
-            for (t, v) in job.exact_row(r, &all).into_iter().enumerate() {
+            for (t, v) in job.exact_row(r, &all)?.into_iter().enumerate() {
                 out[t * out_f + r] = v;
             }
         }
@@ -285,38 +282,39 @@ pub fn linear_forward_with(
             // Each finished part (a panel, or a task's rows) goes straight
             // into `out`, so no more than a part a thread is ever held
             // besides the output (collecting every part first doubled the
-            // peak memory of a large batch).
+            // peak memory of a large batch). The only error is running out
+            // of working memory: any task's will do.
             let out = std::sync::Mutex::new(&mut *out);
-            (0..tasks).into_par_iter().for_each(|p| {
+            (0..tasks).into_par_iter().try_for_each(|p| {
                 job.rows(p * rows, ((p + 1) * rows).min(out_f), &mut |first, part| {
                     let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
                     job.scatter(&mut out, part, first);
                 })
-            });
+            })
         } else {
-            for p in 0..tasks {
+            (0..tasks).try_for_each(|p| {
                 let r1 = ((p + 1) * rows).min(out_f);
                 job.rows(p * rows, r1, &mut |first, part| {
                     job.scatter(out, part, first)
-                });
-            }
+                })
+            })
         }
-    });
+    })?;
     // A float32 sum in a fixed order can pass float32's range where the exact
     // sum does not (terms near 2^128 of both signs): redo those outputs in
     // f64, each such row's weights dequantized once for all its tokens (a
     // weight holding an infinity makes every output of its row non-finite:
     // one redo per output took 2 s for 16 tokens of a 4096² weight).
     if out.iter().any(|v| !v.is_finite()) {
-        let mut redo = vec![false; out_f];
+        let mut redo = try_filled(out_f, false, "the rows to redo")?;
         for (j, v) in out.iter().enumerate() {
             redo[j % out_f] |= !v.is_finite();
         }
-        let mut ts = Vec::new();
+        let mut ts = try_filled(tokens, 0usize, "the tokens to redo")?;
         for r in (0..out_f).filter(|&r| redo[r]) {
             ts.clear();
             ts.extend((0..tokens).filter(|&t| !out[t * out_f + r].is_finite()));
-            for (&t, v) in ts.iter().zip(job.exact_row(r, &ts)) {
+            for (&t, v) in ts.iter().zip(job.exact_row(r, &ts)?) {
                 out[t * out_f + r] = v;
             }
         }
@@ -367,9 +365,11 @@ struct Activation {
 }
 
 impl Activation {
-    /// `None` when the planes copy cannot be allocated (a natural-order one
-    /// falls back to reading `x` in place).
-    fn new(x: &[f32], in_f: usize, planes: bool) -> Option<Self> {
+    /// Without memory for the copy, a natural-order activation is read in
+    /// place (the same sums, a little slower); the int4 planes, which the
+    /// kernel cannot do without, are an error (taking the panel path
+    /// instead would change the result's bits with the memory free).
+    fn new(x: &[f32], in_f: usize, planes: bool) -> Result<Self> {
         let stride = if planes {
             simd::scalar::planes_len(in_f)
         } else {
@@ -379,7 +379,13 @@ impl Activation {
         let len = tokens.saturating_mul(stride).saturating_add(15);
         let mut buf = Vec::new();
         if buf.try_reserve_exact(len).is_err() {
-            return (!planes).then(|| Activation {
+            if planes {
+                return Err(QuantError::OutOfMemory {
+                    what: "the activation's copy",
+                    bytes: len.saturating_mul(4),
+                });
+            }
+            return Ok(Activation {
                 direct: true,
                 stride: in_f,
                 ..Activation::default()
@@ -397,7 +403,7 @@ impl Activation {
                 row[..in_f].copy_from_slice(xt);
             }
         }
-        Some(Activation {
+        Ok(Activation {
             buf,
             start,
             stride,
@@ -461,12 +467,13 @@ impl Job<'_> {
     /// plus the bias, rounded once. For the rare outputs whose f32 sum left
     /// the range (with a float64 weight, terms of both signs near 1e39
     /// cancel here rather than make NaN).
-    fn exact_row(&self, r: usize, ts: &[usize]) -> Vec<f32> {
+    fn exact_row(&self, r: usize, ts: &[usize]) -> Result<Vec<f32>> {
         const RUN: usize = EXACT_RUN;
         let in_f = self.w.shape[1];
         let (scale, zp) = self.params(r);
         let (mut q, mut w) = ([0i8; RUN], [0f64; RUN]);
-        let mut acc = vec![[0f64; 4]; ts.len()];
+        let mut acc = try_filled(ts.len(), [0f64; 4], "the exact sums")?;
+        let mut sums = try_filled(ts.len(), 0f32, "the exact sums")?;
         for k0 in (0..in_f).step_by(RUN) {
             let n = RUN.min(in_f - k0);
             let (q, w) = (&mut q[..n], &mut w[..n]);
@@ -496,32 +503,39 @@ impl Job<'_> {
             }
         }
         let bias = self.bias.map_or(0.0, |b| b[r] as f64);
-        acc.iter()
-            .map(|a| ((a[0] + a[1]) + (a[2] + a[3]) + bias) as f32)
-            .collect()
+        for (s, a) in sums.iter_mut().zip(&acc) {
+            *s = ((a[0] + a[1]) + (a[2] + a[3]) + bias) as f32;
+        }
+        Ok(sums)
     }
 
     /// Outputs of weight rows `r0..r1` for every token, handed to `sink`
     /// a part at a time: `sink(first, part)`, `part` `[row][token]` from row
     /// `first`.
-    fn rows(&self, r0: usize, r1: usize, sink: &mut dyn FnMut(usize, &[f32])) {
+    fn rows(&self, r0: usize, r1: usize, sink: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         if self.panels {
             self.rows_gemm(r0, r1, sink)
         } else {
-            sink(r0, &self.rows_dot(r0, r1))
+            sink(r0, &self.rows_dot(r0, r1)?);
+            Ok(())
         }
     }
 
-    fn rows_dot(&self, r0: usize, r1: usize) -> Vec<f32> {
+    fn rows_dot(&self, r0: usize, r1: usize) -> Result<Vec<f32>> {
         let [_, in_f] = self.w.shape;
         let n = r1 - r0;
-        let (mut scales, mut zps) = (vec![0f32; n], vec![0f32; n]);
+        let what = "the dot products' rows";
+        let (mut scales, mut zps) = (try_filled(n, 0f32, what)?, try_filled(n, 0f32, what)?);
         for r in r0..r1 {
             let (s, z) = self.params(r);
             (scales[r - r0], zps[r - r0]) = (s as f32, z as f32);
         }
-        let mut acc = vec![0f32; n];
-        let mut res = vec![0f32; n * self.tokens];
+        let mut acc = try_filled(n, 0f32, what)?;
+        let mut res = try_filled(
+            n.saturating_mul(self.tokens),
+            0f32,
+            "the dot products' outputs",
+        )?;
         let mut odd = Vec::new();
         for t in 0..self.tokens {
             match self.w.codes {
@@ -544,7 +558,7 @@ impl Job<'_> {
                     // each row whole, then the int8 dot product.
                     let xt = self.act.token(self.x, t, in_f);
                     if odd.len() != in_f + 2 {
-                        odd = vec![0i8; in_f + 2];
+                        odd = try_filled(in_f + 2, 0i8, "an unpacked weight row")?;
                     }
                     for (r, a) in (r0..r1).zip(acc.iter_mut()) {
                         let (first, skip) = (r * in_f, (r * in_f) % 2);
@@ -571,22 +585,23 @@ impl Job<'_> {
                 res[r * self.tokens + t] = a + b;
             }
         }
-        res
+        Ok(res)
     }
 
     /// The panel path over rows `r0..r1`: a panel of [`PANEL_BYTES`] at a
     /// time, one panel buffer for the whole range (a fresh 2 MiB buffer a
     /// panel took 49 ms at batch 64 where one reused buffer takes 40 ms),
     /// each panel's outputs handed to `sink` as soon as they are summed.
-    fn rows_gemm(&self, r0: usize, r1: usize, sink: &mut dyn FnMut(usize, &[f32])) {
+    fn rows_gemm(&self, r0: usize, r1: usize, sink: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         let [out_f, in_f] = self.w.shape;
         let tokens = self.tokens;
         let (per_panel, kc) = panel_shape(in_f, out_f, tokens);
         let per_panel = per_panel.min(r1 - r0);
-        let mut panel = vec![0f32; per_panel * kc];
-        let mut by_token = vec![0f32; tokens * per_panel];
+        let mut panel = try_filled(per_panel * kc, 0f32, "a dequantized weight panel")?;
+        let what = "the panel's outputs";
+        let mut by_token = try_filled(tokens.saturating_mul(per_panel), 0f32, what)?;
         let mut unpacked = match self.w.codes {
-            WeightCodes::Int4(_) => vec![0i8; kc + 2],
+            WeightCodes::Int4(_) => try_filled(kc + 2, 0i8, "an unpacked weight row")?,
             WeightCodes::Int8(_) => Vec::new(),
         };
         for p0 in (r0..r1).step_by(per_panel) {
@@ -637,6 +652,7 @@ impl Job<'_> {
             }
             sink(p0, by_row);
         }
+        Ok(())
     }
 
     /// One panel row: codes `q` dequantized as `dequantize` does for the

@@ -34,7 +34,7 @@
 //! ```
 
 use crate::element::Float;
-use crate::error::{QuantError, Result};
+use crate::error::{try_filled, QuantError, Result};
 use crate::ops::dynamic::{self, DynCodesMut, DynFormat, ScaleMode};
 use crate::parallel;
 use crate::simd::{self, Isa, PackedTokens};
@@ -60,7 +60,7 @@ pub fn w8a8_matvec<T: Float>(
     activation: &[T],
     out: &mut [f32],
 ) -> Result<()> {
-    let mut codes = vec![0i8; activation.len()];
+    let mut codes = try_filled(activation.len(), 0i8, "the activation's codes")?;
     w8a8_matmul_with(
         Isa::detected(),
         weight,
@@ -85,7 +85,7 @@ pub fn w8a8_matmul<T: Float>(
     tokens: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    let mut codes = vec![0i8; activations.len()];
+    let mut codes = try_filled(activations.len(), 0i8, "the activations' codes")?;
     w8a8_matmul_with(
         Isa::detected(),
         weight,
@@ -175,10 +175,10 @@ pub fn w8a8_matmul_with<T: Float>(
     }
     if tokens == 0 || out_f == 0 {
         // Still the activation's errors first: its non-finite values count.
-        let mut a_scales = vec![0f32; tokens.max(1)];
+        let mut a_scales = try_filled(tokens.max(1), 0f32, "the activations' scales")?;
         return quantize_activations(isa, activations, batch, in_f, codes, &mut a_scales, arg);
     }
-    let mut a_scales = vec![0f32; tokens];
+    let mut a_scales = try_filled(tokens, 0f32, "the activations' scales")?;
     quantize_activations(isa, activations, batch, in_f, codes, &mut a_scales, arg)?;
     let dims = Dims {
         isa,
