@@ -98,7 +98,7 @@ impl std::error::Error for QuantError {}
 /// `n` copies of `v` in a new vector, or [`QuantError::OutOfMemory`] naming
 /// `what` when the memory cannot be had (where `vec![v; n]` would abort the
 /// process): for working memory whose size follows the caller's input.
-pub fn try_filled<T: Clone>(n: usize, v: T, what: &'static str) -> Result<Vec<T>> {
+pub(crate) fn try_filled<T: Clone>(n: usize, v: T, what: &'static str) -> Result<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(n)
         .map_err(|_| QuantError::OutOfMemory {

@@ -125,7 +125,8 @@ impl DequantDtype {
 /// of `x` (`[tokens, in]`), `out` `[tokens, out]`.
 ///
 /// Errors: `ShapeMismatch` naming `weight`, `scales`, `x`, `bias` or `out`;
-/// `NonFinite` naming `x` or `bias` (first flat index).
+/// `NonFinite` naming `x` or `bias` (first flat index); `OutOfMemory` when
+/// working memory sized by `x` or `out` cannot be allocated.
 pub fn linear_forward(
     w: &QuantizedWeight<'_>,
     x: &[f32],

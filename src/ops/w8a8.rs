@@ -52,7 +52,8 @@ const TOKEN_BLOCK_BYTES: usize = 512 * 1024;
 ///
 /// Errors, in the seed's order: `EmptyInput` for an empty `activation`;
 /// `ShapeMismatch` naming `activation`, `weight`, `weight_scales` or `out`;
-/// `NonFinite` naming `weight_scales` or `activation`.
+/// `NonFinite` naming `weight_scales` or `activation`. `OutOfMemory` when
+/// the activation's codes or scales cannot be allocated.
 pub fn w8a8_matvec<T: Float>(
     weight: &[i8],
     shape: [usize; 2],
@@ -76,7 +77,8 @@ pub fn w8a8_matvec<T: Float>(
 /// `out[t, o] = Σ_i weight[o, i] · q(activations[t])[i]`, rescaled by
 /// `weight_scales[o]` and token `t`'s own scale. `activations` is
 /// `[tokens, in_features]`; `out` is `[tokens, out_features]`. Zero tokens
-/// give an empty result; `in_features == 0` is `EmptyInput`.
+/// give an empty result; `in_features == 0` is `EmptyInput`; the other
+/// errors are [`w8a8_matvec`]'s.
 pub fn w8a8_matmul<T: Float>(
     weight: &[i8],
     shape: [usize; 2],
