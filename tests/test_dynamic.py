@@ -394,10 +394,32 @@ def test_smoothing_refuses_bad_arrays_and_changes_nothing(rng):
     assert a.tobytes() == before.tobytes()
     b = rng.standard_normal((3, 4)).astype(np.float32)
     b0 = b.copy()
-    for bad_s in (np.array([1, 2, np.inf, 1], np.float32), np.array([1, 0, 1, 1], np.float32)):
-        with pytest.raises(ValueError, match="s"):
+    for bad_s in (np.array([1, 2, np.inf, 1], np.float32), np.array([1, np.nan, 1, 1])):
+        with pytest.raises(fq.NonFiniteError, match="s"):
             fq.smooth_weights(b, bad_s)
+    for zero in (0.0, -0.0):
+        with pytest.raises(fq.InvalidConfigError, match=r"s\[1\] = -?0: a\[:, 1\] / s\[1\]"):
+            fq.smooth_activations(b, np.array([1, zero, 1, 1], np.float32))
     assert b.tobytes() == b0.tobytes()
+    for bad in (b.astype(np.int32), b > 0, b.astype(np.complex64), b.astype(object)):
+        with pytest.raises(TypeError, match="a must be a writable C-contiguous float32"):
+            fq.smooth_activations(bad, np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="w must be a writable C-contiguous float32"):
+        fq.smooth_weights(b.astype(np.float64), np.ones(4, np.float32))
+
+
+def test_smoothing_takes_any_finite_factor_as_the_seed_does(rng):
+    # Negative factors flip signs and `w * 0` is 0, value for value as seed 002's loops.
+    a = rng.standard_normal((5, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    s = np.array([-2.0, 0.5, -0.0, 3.0], np.float32)
+    want_w = w * s
+    fq.smooth_weights(w, s)
+    assert w.tobytes() == want_w.tobytes()
+    s = np.array([-2.0, 0.5, -1e-3, 3.0], np.float32)
+    want_a = a / s
+    fq.smooth_activations(a, s)
+    assert a.tobytes() == want_a.tobytes()
 
 
 def test_smoothing_refuses_results_past_float32_and_changes_nothing():

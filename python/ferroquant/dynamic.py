@@ -143,7 +143,7 @@ class DynQuantTensor(Quantized):
             raise InvalidConfigError(
                 f"format must be one of {', '.join(FORMATS)}, got {self.format!r}"
             )
-        shape = shape_tuple(self.shape)
+        shape = shape_tuple(self.shape, dtype=self.dtype)
         n = math.prod(shape)
         int4 = self.format == "int4_per_tensor"
         want_dtype, want_len = (np.uint8, -(-n // 2)) if int4 else (np.int8, n)
@@ -404,6 +404,9 @@ def compute_smooth_factors(
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
+    if isinstance(x, np.ndarray) and x.dtype.kind not in "fV":
+        # Integer, bool, complex, object, ...: not a float array at all (general rules).
+        raise TypeError(f"{arg} must be a writable C-contiguous float32 array, got {describe(x)}")
     if not isinstance(x, np.ndarray) or x.dtype != np.float32:
         raise ValueError(f"{arg} must be a writable C-contiguous float32 array, got {describe(x)}")
     if not (x.flags.c_contiguous and x.flags.writeable):
@@ -437,22 +440,26 @@ def smooth_activations(a: np.ndarray, s: np.ndarray) -> np.ndarray:
     """``a[i, j] /= s[j]`` **in place** on a writable C-contiguous float32
     ``[tokens, in]`` array; returns ``a``. Nothing is modified on error.
 
+    Any finite factor is taken as the seed takes it (a negative one flips signs).
+
     Raises:
-        ValueError: ``a`` is not a writable C-contiguous float32 array.
-        TypeError: ``s`` is not a floating array (any float dtype and layout is
-            read, rounded to float32 value by value).
+        ValueError: ``a`` is a float array but not a writable C-contiguous float32 one.
+        TypeError: ``a`` is an integer, bool, complex or object array, or ``s`` is
+            not a floating array (any float dtype and layout is read, rounded to
+            float32 value by value).
         ShapeMismatchError: ``a`` is not 2-D or ``s`` is not ``[in]``.
         NonFiniteError / InvalidConfigError: ``a`` or ``s`` holds NaN or inf, a
-            factor is not > 0, or a factor would take a finite value of ``a``
-            past float32's range (a subnormal factor, say; ``InvalidConfigError``
-            naming ``s`` and the element).
+            factor is 0 (every quotient by it is ±inf or NaN), or a factor would
+            take a finite value of ``a`` past float32's range (a subnormal factor,
+            say; ``InvalidConfigError`` naming ``s`` and the element).
     """
     return _smooth(a, "a", s, False)
 
 
 def smooth_weights(w: np.ndarray, s: np.ndarray) -> np.ndarray:
     """``w[i, j] *= s[j]`` **in place** on a writable C-contiguous float32
-    ``[out, in]`` array; returns ``w``. Errors as :func:`smooth_activations`."""
+    ``[out, in]`` array; returns ``w``. Errors as :func:`smooth_activations`, except
+    that a factor of 0 is allowed (the column becomes 0, as in the seed)."""
     return _smooth(w, "w", s, True)
 
 

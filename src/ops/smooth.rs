@@ -159,7 +159,10 @@ pub fn compute_smooth_factors_into<A: Float, W: Float>(
     Ok(())
 }
 
-fn check_factors(x_len: usize, factors: &[f32], arg: &'static str) -> Result<()> {
+/// Shapes and factors: any finite factor is the seed's (a negative one flips
+/// signs, `w * 0` is 0); a zero divisor is refused when there is a value to
+/// divide, since every quotient by it is ±inf or NaN.
+fn check_factors(x_len: usize, factors: &[f32], arg: &'static str, multiply: bool) -> Result<()> {
     let cols = factors.len();
     if !x_len.is_multiple_of(cols) {
         return Err(QuantError::ShapeMismatch {
@@ -171,10 +174,16 @@ fn check_factors(x_len: usize, factors: &[f32], arg: &'static str) -> Result<()>
     if let Some(i) = factors.iter().position(|s| !s.is_finite()) {
         return Err(QuantError::NonFinite { arg: "s", index: i });
     }
-    if let Some(i) = factors.iter().position(|&s| s <= 0.0) {
+    if multiply || x_len == 0 {
+        return Ok(());
+    }
+    if let Some(i) = factors.iter().position(|&s| s == 0.0) {
         return Err(QuantError::invalid(
             "s",
-            format!("factors must be > 0, got {} at {i}", factors[i]),
+            format!(
+                "s[{i}] = {}: {arg}[:, {i}] / s[{i}] would be ±inf or NaN; nothing was modified",
+                factors[i]
+            ),
         ));
     }
     Ok(())
@@ -196,10 +205,12 @@ fn apply(v: f32, f: f32, multiply: bool) -> f32 {
 }
 
 /// The bits of the largest finite `b >= 0` whose `apply(b, f)` is finite
-/// (`f` finite, > 0): `f32::MAX` unless the factor can overflow. Division
-/// and multiplication round correctly, so the result grows with `|v|` and
-/// every `|v|` up to the bound stays finite.
+/// (`f` finite, and not 0 when dividing): `f32::MAX` unless the factor can
+/// overflow. Division and multiplication round correctly and a sign changes
+/// no magnitude, so `|result|` grows with `|v|` and every `|v|` up to the
+/// bound stays finite.
 fn finite_bound(f: f32, multiply: bool) -> u32 {
+    let f = f.abs();
     let grows = if multiply { f > 1.0 } else { f < 1.0 };
     if !grows {
         return f32::MAX.to_bits();
@@ -263,7 +274,7 @@ fn first_unsafe(x: &[f32], s: &[f32], multiply: bool) -> Option<usize> {
 fn smooth(x: &mut [f32], s: &[f32], arg: &'static str, multiply: bool) -> Result<()> {
     // A caller's flush-to-zero flags would zero subnormal results.
     let _env = crate::simd::fpenv::Pinned::new();
-    check_factors(x.len(), s, arg)?;
+    check_factors(x.len(), s, arg, multiply)?;
     if let Some(at) = first_unsafe(x, s, multiply) {
         // A non-finite input comes first; else a finite value the factor
         // takes past float32's range.
@@ -291,8 +302,9 @@ fn smooth(x: &mut [f32], s: &[f32], arg: &'static str, multiply: bool) -> Result
 
 /// `a[i, j] /= s[j]` in place (rows of `s.len()`). Nothing is modified on
 /// error: `ShapeMismatch`, `NonFinite` (naming `a` or `s`), `InvalidConfig`
-/// naming `s` for a factor <= 0 or one that would take a finite value of `a`
-/// past float32's range (a subnormal factor, say).
+/// naming `s` for a zero factor or one that would take a finite value of `a`
+/// past float32's range (a subnormal factor, say). Negative factors are the
+/// seed's: they flip signs.
 pub fn smooth_activations(a: &mut [f32], s: &[f32]) -> Result<()> {
     smooth(a, s, "a", false)
 }
@@ -327,8 +339,30 @@ mod tests {
         assert_eq!(a.map(f32::to_bits), before);
         let mut w = [1.0f32, 2.0, 3.0];
         assert!(smooth_weights(&mut w, &[2.0, 2.0]).is_err());
-        assert!(smooth_weights(&mut w, &[2.0, 0.0, 1.0]).is_err());
+        assert!(smooth_activations(&mut w, &[2.0, 0.0, 1.0]).is_err());
+        assert!(smooth_activations(&mut w, &[2.0, -0.0, 1.0]).is_err());
         assert_eq!(w, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn any_finite_factor_is_the_seeds() -> Result<()> {
+        // Negative factors flip signs; `w * 0` is 0; no value, no quotient.
+        let mut w = [1.0f32, -2.0, 3.0, 4.0];
+        smooth_weights(&mut w, &[-2.0, 0.0])?;
+        assert_eq!(
+            w.map(f32::to_bits),
+            [-2.0f32, -0.0, -6.0, 0.0].map(f32::to_bits)
+        );
+        let mut a = [1.0f32, -2.0];
+        smooth_activations(&mut a, &[-4.0, 0.5])?;
+        assert_eq!(a, [-0.25, -4.0]);
+        smooth_activations(&mut [], &[0.0])?;
+        // A negative factor's overflow is found by its magnitude.
+        let mut a = [1.0f32, 1e30];
+        let err = smooth_activations(&mut a, &[1.0, -1e-10]).unwrap_err();
+        assert!(err.to_string().contains("a[0, 1]"), "{err}");
+        assert_eq!(a, [1.0, 1e30]);
+        Ok(())
     }
 
     #[test]
