@@ -126,7 +126,7 @@ def test_quantize_refuses_an_already_quantized_file(tmp_path, model):
     out = tmp_path / "q.safetensors"
     assert cli("quantize", str(model), "-o", str(out), "--no-progress").returncode == 0
     r = cli("quantize", str(out), "-o", str(tmp_path / "qq.safetensors"))
-    assert r.returncode == 1 and "already quantized" in r.stderr
+    assert r.returncode == 1 and "written by ferroquant" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -881,10 +881,107 @@ def test_a_json_model_is_not_quantized_again_and_a_plain_file_warns(tmp_path, rn
     named.write_bytes(src.read_bytes())
     r = cli("quantize", str(named), "-o", str(tmp_path / "y.safetensors"), "--scheme", "int8")
     assert r.returncode == 0, r.stderr
-    stats = tmp_path / "stats.safetensors"
+    # Nothing to restore: an error, and an existing output is left as it was.
+    stats, kept = tmp_path / "stats.safetensors", tmp_path / "e.safetensors"
     fq.save(stats, {"s": fq.CalibStats.collect([np.ones(4, np.float32)])})
-    r = cli("dequantize", str(stats), "-o", str(tmp_path / "e.safetensors"))
-    assert r.returncode == 0 and "nothing to write" in r.stderr and "copied" not in r.stderr
+    kept.write_bytes(b"an earlier result")
+    r = cli("dequantize", str(stats), "-o", str(kept))
+    assert r.returncode == 1 and "nothing to write" in r.stderr and "copied" not in r.stderr
+    assert kept.read_bytes() == b"an earlier result"
+    r = cli("quantize", str(stats), "-o", str(kept))
+    assert r.returncode == 1 and "written by ferroquant" in r.stderr
+    assert "dequantize` restores" in r.stderr
+    assert kept.read_bytes() == b"an earlier result"
+
+
+def test_no_clobber_keeps_an_existing_output_and_the_default_replaces_it(tmp_path, model):
+    q, d, js = tmp_path / "q.safetensors", tmp_path / "d.safetensors", tmp_path / "c.json"
+    assert cli("quantize", str(model), "-o", str(q), "--no-progress").returncode == 0
+    for path in (d, js):
+        path.write_bytes(b"keep me")
+    r = cli("quantize", str(model), "-o", str(q), "-n", "--no-progress")
+    assert r.returncode == 1 and "-n/--no-clobber" in r.stderr
+    assert fq.load(q)  # still the first result
+    for args in (
+        ("dequantize", str(q), "-o", str(d), "--no-clobber"),
+        ("compare", str(model), "--schemes", "int8", "--json", str(js), "-n", "--no-progress"),
+    ):
+        r = cli(*args)
+        assert r.returncode == 1 and "-n/--no-clobber" in r.stderr, r.stderr
+    assert d.read_bytes() == js.read_bytes() == b"keep me"
+    # Without -n, as --help says, the output is replaced.
+    assert cli("dequantize", str(q), "-o", str(d)).returncode == 0
+    assert "encoder.layer.0.weight" in stn.load_file(str(d))
+    assert "replaced" in cli("quantize", "--help").stdout
+
+
+def test_the_content_decides_between_json_model_and_safetensors(tmp_path, rng):
+    m = fq.quantize_model_weights("{}", [("fc", rng.standard_normal((3, 4)), None, None)])
+    st_named_json, js_named_bin = tmp_path / "w.json", tmp_path / "m.bin"
+    fq.save(st_named_json, {"model": m, "x": np.ones((2, 2), np.float32)})
+    m.save(tmp_path / "m.json")  # seed 004's JSON (by its name), then renamed
+    (tmp_path / "m.json").rename(js_named_bin)
+    r = cli("inspect", str(st_named_json))
+    assert r.returncode == 0 and "ptq-int8" in r.stdout, r.stderr
+    r = cli("inspect", str(js_named_bin))
+    assert r.returncode == 0 and "1 layers, scheme" in r.stdout, r.stderr
+    for src in (st_named_json, js_named_bin):
+        out = tmp_path / (src.stem + "-d.safetensors")
+        r = cli("dequantize", str(src), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        restored = stn.load_file(str(out))["fc.weight"]
+        np.testing.assert_array_equal(restored, m.layers[0].dequantize())
+    r = cli("quantize", str(js_named_bin), "-o", str(tmp_path / "z.safetensors"))
+    assert r.returncode == 1 and "is a .json model" in r.stderr
+
+
+def test_a_safetensors_header_whose_length_starts_with_a_brace_is_not_json(tmp_path):
+    # A header of 0x7b bytes: the file's first byte is "{", followed by NUL bytes.
+    from ferroquant.cli import _looks_like_json
+
+    header = json.dumps({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
+    header = header.ljust(0x7B).encode()  # trailing spaces are allowed padding
+    data = len(header).to_bytes(8, "little") + header + np.ones(2, np.float32).tobytes()
+    assert data[:1] == b"{"
+    path = tmp_path / "brace.safetensors"
+    path.write_bytes(data)
+    assert not _looks_like_json(path)
+    r = cli("inspect", str(path))
+    assert r.returncode == 0 and "float32" in r.stdout, r.stderr
+
+
+def test_compare_prints_paths_escaped(tmp_path, rng):
+    src = tmp_path / "two\nlines\x1b[31m.safetensors"
+    stn.save_file({"w": rng.standard_normal((8, 8)).astype(np.float32)}, str(src))
+    js = tmp_path / "out\nput.json"
+    r = cli("compare", str(src), "--schemes", "int8", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "two\\nlines\\x1b[31m.safetensors: 1 of 1" in r.stdout and "\x1b" not in r.stdout
+    r = cli("compare", str(src), "--schemes", "int8", "--json", str(js), "--no-progress")
+    assert r.returncode == 0 and "out\\nput.json" in r.stdout, r.stderr
+    assert json.loads(js.read_text())["tensors_quantized"] == 1
+
+
+def test_inspect_lists_plain_arrays_from_the_header_alone(tmp_path, rng, monkeypatch, capsys):
+    from ferroquant import _format
+    from ferroquant import cli as cli_module
+
+    path = tmp_path / "m.safetensors"
+    q = fq.quantize(rng.standard_normal((4, 6)).astype(np.float32), fq.QuantConfig.int4())
+    fq.save(path, {"big": np.zeros((64, 32), np.float16), "q": q})
+    read: list = []
+    real_get = _format.FileReader.get
+
+    def get(self, name):
+        read.append(name)
+        return real_get(self, name)
+
+    monkeypatch.setattr(_format.FileReader, "get", get)
+    assert cli_module.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "float16" in out and "64x32" in out and "4.0 KiB" in out
+    assert "int4" in out
+    assert "big" not in read and read  # the quantized entry's arrays were read
 
 
 def test_the_config_file_is_never_the_output(tmp_path, rng):

@@ -38,6 +38,7 @@ from typing import (
     Iterator,
     List,
     Mapping,
+    NamedTuple,
     Optional,
     Tuple,
     TypeVar,
@@ -263,7 +264,8 @@ def _writer_error(e: BaseException, dest: Optional[str]) -> BaseException:
     if code and dest is not None:
         n = int(code.group(1))
         return OSError(n, os.strerror(n), dest)
-    return FormatError(f"cannot write the safetensors data: {e}")
+    what = "the safetensors data" if dest is None else repr(dest)
+    return FormatError(f"cannot write {what}: {e}")
 
 
 def _umask() -> int:
@@ -346,10 +348,21 @@ def prepare_destination(path: PathLike) -> Tuple[str, str]:
     if not os.path.isdir(parent):
         raise _os_error(errno.ENOENT, dest)
     if os.path.exists(real) and not os.access(real, os.W_OK):
-        raise _os_error(errno.EACCES, dest)
+        raise _os_error(_denied(parent), dest)
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise _os_error(errno.EACCES, dest)
+        raise _os_error(_denied(parent), dest)
     return dest, real
+
+
+def _denied(directory: str) -> int:
+    """Why a write in ``directory`` is refused, as ``open`` would say: EROFS on a
+    read-only file system (``access`` says only no), else EACCES."""
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return errno.EROFS
+    except (OSError, AttributeError):  # no statvfs here
+        pass
+    return errno.EACCES
 
 
 def _create(name: str) -> None:
@@ -419,6 +432,14 @@ def write_tensors(path: PathLike, spec_map: Mapping[str, TensorSpec], meta: Dict
 
 
 # -- reading -------------------------------------------------------------------------
+
+
+class ArrayHeader(NamedTuple):
+    """What the header says of a plain array, its bytes unread."""
+
+    dtype: np.dtype
+    shape: Tuple[int, ...]
+    nbytes: int
 
 
 class Tensor:
@@ -581,12 +602,16 @@ def plan(names: Mapping[str, Any], meta: Mapping[str, str]) -> Dict[str, Any]:
 
 
 def decode(
-    names: Mapping[str, Any], meta: Mapping[str, str], get: Callable[[str], np.ndarray]
+    names: Mapping[str, Any],
+    meta: Mapping[str, str],
+    get: Callable[[str], np.ndarray],
+    plain: Optional[Callable[[str], Any]] = None,
 ) -> Iterator[Tuple[str, Any]]:
-    """Yield (name, value) in name order, reading each tensor only when its value is due."""
+    """Yield (name, value) in name order, reading each tensor only when its value is due;
+    a plain tensor's value is ``plain(name)`` when given (else the array ``get`` reads)."""
     for name, how in plan(names, meta).items():
         if how is None:
-            yield name, get(name)
+            yield name, (plain or get)(name)
         else:
             cls, entry = how
             # Arrays read for a value are the reader's own: the value holds them as
@@ -690,9 +715,16 @@ class FileReader:
         arr.flags.writeable = False
         return arr
 
-    def entries(self) -> Iterator[Tuple[str, Any]]:
-        """Yield (name, value) one at a time (quantized values are rebuilt)."""
-        return decode(self.tensors, self.metadata, self.get)
+    def entries(self, read_plain: bool = True) -> Iterator[Tuple[str, Any]]:
+        """Yield (name, value) one at a time (quantized values are rebuilt). With
+        ``read_plain=False`` a plain array comes as its :class:`ArrayHeader`, unread."""
+        return decode(self.tensors, self.metadata, self.get, None if read_plain else self.header)
+
+    def header(self, name: str) -> ArrayHeader:
+        """Tensor ``name`` as the header describes it (FormatError for a dtype NumPy
+        cannot hold, as :meth:`get` would raise)."""
+        t = self.tensors[name]
+        return ArrayHeader(_numpy_dtype(t, name, self.path), tuple(t.shape), t.nbytes)
 
     def close(self) -> None:
         """Close the file."""

@@ -32,8 +32,8 @@ import numpy as np
 
 from . import __version__
 from ._checks import FLOAT_DTYPES, is_float_dtype
-from ._format import ENTRY_PREFIX, open_regular, unique_keys
-from .errors import QuantizationError
+from ._format import ENTRY_PREFIX, ArrayHeader, open_regular, unique_keys
+from .errors import FormatError, QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
 from .quantizers import PTQInt8
@@ -281,7 +281,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise CliError(f"invalid parameter for scheme {args.scheme!r}: {e}") from None
 
     # The path as typed: `Path()` drops a trailing slash (`out.json/`).
-    _format_destination(args.output)
+    _format_destination(args.output, args.no_clobber)
     json_out = args.output.lower().endswith(".json")
     if json_out and quantizer.name != "ptq-int8":
         raise CliError(
@@ -290,7 +290,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         )
     if args.config is not None and not json_out:
         raise CliError("--config is recorded in a .json model only (give -o OUT.json)")
-    if src.name.lower().endswith(".json") and _looks_like_json(src):
+    if _looks_like_json(src):
         raise CliError(
             f"{_path_shown(src)} is a .json model (quantized already); quantize reads "
             "safetensors files: `ferroquant dequantize` turns the model into one"
@@ -303,7 +303,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: TensorReader) -> int:
     if any(k.startswith(ENTRY_PREFIX) for k in reader.metadata):
-        raise CliError(f"{src} is already quantized by ferroquant; dequantize it first")
+        raise _written_by_us(src)
     out = Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
@@ -453,7 +453,28 @@ def _looks_like_json(path: Path) -> bool:
             head = f.read(64)
     except OSError:
         return False  # the reader reports it
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+    # A safetensors file opens with its header's length, little-endian: one whose
+    # low byte is "{" (0x7b) still has NUL bytes next, which JSON text never holds.
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and b"\x00" not in head[:8]
+
+
+def _json_model(path: Path) -> QuantizedModel:
+    """Seed 004's JSON model in ``path``, whatever the file's name."""
+    with open_regular(os.fspath(path)) as f:  # a regular file only (no FIFO waits)
+        data = f.read()
+    try:
+        return QuantizedModel.from_json(data)
+    except FormatError as e:
+        raise FormatError(f"{_path_shown(path)}: {e}") from None
+
+
+def _written_by_us(src: Path) -> CliError:
+    """The error for an input that ferroquant wrote (quantize reads float tensors)."""
+    return CliError(
+        f"{_path_shown(src)} holds values written by ferroquant (quantized tensors, settings "
+        "or statistics), not a model to quantize; `ferroquant dequantize` restores the "
+        "float tensors of a quantized file"
+    )
 
 
 def _layer_name(tensor: str) -> str:
@@ -517,7 +538,7 @@ def _quantize_json(
     """Seed 004's JSON model: one QuantizedWeights a floating tensor of rank >= 2, with
     ``<layer>.bias`` attached; other tensors are not part of that format and are listed."""
     if any(k.startswith(ENTRY_PREFIX) for k in reader.metadata):
-        raise CliError(f"{src} is already quantized by ferroquant; dequantize it first")
+        raise _written_by_us(src)
     out = Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
@@ -749,15 +770,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json not in (None, "-"):
         if _same_file(src, Path(args.json)):
             raise CliError("the --json output must differ from the input file")
-        _format_destination(args.json)
+        _format_destination(args.json, args.no_clobber)
     with TensorReader(src) as reader:
         return _compare(args, src, quantizers, chosen, reader)
 
 
-def _format_destination(path: str) -> None:
+def _format_destination(path: str, no_clobber: bool = False) -> None:
     from ._format import prepare_destination
 
     prepare_destination(path)
+    if no_clobber and os.path.lexists(path):
+        raise CliError(f"{_path_shown(path)} exists, and -n/--no-clobber keeps it")
 
 
 def _compare(
@@ -768,7 +791,7 @@ def _compare(
     reader: TensorReader,
 ) -> int:
     if any(k.startswith(ENTRY_PREFIX) for k in reader.metadata):
-        raise CliError(f"{src} is already quantized by ferroquant; compare the float model")
+        raise _written_by_us(src)
     tensors = [
         n
         for n in reader.names
@@ -885,7 +908,7 @@ def _compare(
                     f.write(text + "\n")
 
             write_file(args.json, write)
-            print(f"wrote {args.json}")
+            print(f"wrote {_path_shown(args.json)}")
         return 0
     table = [
         [
@@ -902,7 +925,7 @@ def _compare(
     header = ["scheme", "size", "ratio", "max|err|", "mean|err|", "SQNR dB", "seconds"]
     print(_table(table, header))
     print(
-        f"\n{src.name}: {len(tensors)} of {len(reader.names)} tensors quantized "
+        f"\n{_path_shown(src.name)}: {len(tensors)} of {len(reader.names)} tensors quantized "
         f"({_fmt_bytes(source_bytes)}); the other {_fmt_bytes(other_bytes)} count as stored; "
         "sizes are the bytes held, errors over every quantized value, SQNR over all of them"
     )
@@ -919,8 +942,9 @@ _TAG_DTYPES = {
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    if str(args.file).lower().endswith(".json"):
-        return _inspect_json(QuantizedModel.load(args.file))
+    # What the file holds decides, not its name (`fq.save` writes safetensors to any name).
+    if _looks_like_json(Path(args.file)):
+        return _inspect_json(_json_model(Path(args.file)))
     with TensorReader(args.file) as reader:
         return _inspect(reader)
 
@@ -947,8 +971,9 @@ def _inspect_json(model: QuantizedModel) -> int:
 def _inspect(reader: TensorReader) -> int:
     rows: List[List[str]] = []
     total = 0
-    for name, value in reader.entries():
-        if isinstance(value, np.ndarray):
+    # Plain arrays from the header alone: a tensor larger than memory lists too.
+    for name, value in reader.entries(read_plain=False):
+        if isinstance(value, ArrayHeader):
             rows.append(
                 [
                     _shown(name),
@@ -1000,12 +1025,14 @@ def _inspect(reader: TensorReader) -> int:
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
-    _format_destination(args.output)  # as typed (see cmd_quantize)
+    _format_destination(args.output, args.no_clobber)  # as typed (see cmd_quantize)
     src, out = Path(args.input), Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
-    if str(src).lower().endswith(".json"):
-        model = QuantizedModel.load(src)
+    if _looks_like_json(src):
+        model = _json_model(src)
+        if not model.layers:
+            raise CliError(f"{_path_shown(src)} holds no layer: nothing to write")
         with StreamingWriter(out, {}) as writer:
             n = _add_model(writer, model)
         print(f"dequantized {n} layers into {_path_shown(out)}")
@@ -1073,14 +1100,25 @@ def _dequantize(reader: TensorReader, out: Path) -> int:
             else:
                 copied += 1
             writer.add(name, value)
+        if n == 0 and copied == 0:
+            # Leaving the block with an error writes nothing: an existing output stays.
+            raise CliError(
+                f"{_path_shown(reader.path)} holds no tensor (only settings or statistics): "
+                "nothing to write"
+            )
     if n == 0:
-        what = f"its {copied} array(s) were copied as they are" if copied else "nothing to write"
         print(
-            f"ferroquant: warning: the input holds no quantized tensor: {what}",
+            f"ferroquant: warning: the input holds no quantized tensor: its {copied} "
+            "array(s) were copied as they are",
             file=sys.stderr,
         )
     print(f"dequantized {n} tensors into {_path_shown(out)}")
     return 0
+
+
+#: What -o does to an existing file, and the option that keeps it.
+_REPLACED = "an existing file is replaced, atomically (a failed run leaves it as it was)"
+_NO_CLOBBER = "refuse to replace an existing output file"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1094,8 +1132,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         required=True,
-        help="output .safetensors file (or .json: seed 004's model, --scheme ptq-int8)",
+        help="output .safetensors file (or .json: seed 004's model, --scheme ptq-int8); "
+        f"{_REPLACED}",
     )
+    q.add_argument("-n", "--no-clobber", action="store_true", help=_NO_CLOBBER)
     q.add_argument(
         "--scheme",
         default="blockwise8",
@@ -1148,8 +1188,10 @@ def build_parser() -> argparse.ArgumentParser:
         const="-",
         default=None,
         metavar="PATH",
-        help="write the table as JSON to PATH (or to stdout without PATH) instead of text",
+        help="write the table as JSON to PATH (or to stdout without PATH) instead of text; "
+        f"{_REPLACED}",
     )
+    c.add_argument("-n", "--no-clobber", action="store_true", help=_NO_CLOBBER)
     c.add_argument(
         "--demo", action="store_true", help=f"compare on all-MiniLM-L6-v2 ({DEMO_PACKAGE})"
     )
@@ -1162,7 +1204,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("dequantize", help="restore float tensors from a quantized file")
     d.add_argument("input")
-    d.add_argument("-o", "--output", required=True)
+    d.add_argument("-o", "--output", required=True, help=f"output .safetensors file; {_REPLACED}")
+    d.add_argument("-n", "--no-clobber", action="store_true", help=_NO_CLOBBER)
     d.set_defaults(func=cmd_dequantize)
     return p
 

@@ -21,6 +21,7 @@ import numpy as np
 from . import _ferroquant as _native
 from . import _format
 from ._format import FORMAT_VERSION, PathLike
+from .errors import FormatError
 
 __all__ = ["FORMAT_VERSION", "load", "load_bytes", "save", "save_bytes"]
 
@@ -150,9 +151,15 @@ class StreamingWriter:
                 for key, (tag, shape, offset, size) in self._index.items()
             ]
             meta = self._meta or None
-            _format.write_file(
-                self._path, lambda tmp: self._spill.write_safetensors(tmp, entries, meta)
-            )
+            try:
+                _format.write_file(
+                    self._path, lambda tmp: self._spill.write_safetensors(tmp, entries, meta)
+                )
+            except FormatError as e:  # safetensors refused the header: name the file
+                raise FormatError(
+                    f"cannot write {os.fspath(self._path)!r}: its header (names, shapes, "
+                    f"metadata) is refused by safetensors' writer ({e})"
+                ) from None
         finally:
             self._drop_spill()
 
