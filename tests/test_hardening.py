@@ -1662,3 +1662,60 @@ def test_calling_a_layer_runs_its_own_classes_forward():
     # The base class still calls straight through.
     base = fq.QuantizedLinear.from_linear(np.array([[-1.0, 0.0]], np.float32))
     assert base(x).tolist() == base.forward(x).tolist() == [-1.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_an_empty_input_with_a_huge_dimension_round_trips(dtype):
+    # NumPy allows (0, 2**60) for elements of 4 bytes or fewer: what quantize made
+    # of such an input loads back, and a float64 one (past NumPy's limit) is refused.
+    x = np.empty((0, 2**60), dtype)
+    values = [
+        fq.dynamic_quantize_int8(x),
+        fq.quantize_activations(x, fq.BitNetConfig()),
+        fq.quantize(x, fq.QuantConfig.int8()),
+        fq.quantize_blockwise(x),
+    ]
+    for q in values:
+        assert fq.load_bytes(fq.save_bytes({"q": q}))["q"] == q
+        assert dataclasses.replace(q) == q  # rebuilt through the checks
+    with pytest.raises(fq.ShapeMismatchError, match="larger than NumPy can represent"):
+        dataclasses.replace(values[0], dtype="float64")
+
+
+def test_quantized_activations_name_their_own_fields():
+    q = fq.quantize_activations(np.ones((2, 4), np.float32), fq.BitNetConfig())
+    with pytest.raises(fq.InvalidConfigError, match=r"^bits must be in 2\.\.8, got 9"):
+        dataclasses.replace(q, bits=9)
+    with pytest.raises(TypeError, match=r"^per_token must be a bool, got int"):
+        dataclasses.replace(q, per_token=1)
+    with pytest.raises(fq.InvalidConfigError, match=r"^activation_bits must be in 2\.\.8"):
+        fq.BitNetConfig(9)
+
+
+def test_a_read_only_file_system_is_named_as_open_would(tmp_path, monkeypatch):
+    import errno
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(os, "statvfs", lambda path: ReadOnly())
+    with pytest.raises(OSError) as e:
+        fq.save(tmp_path / "x.safetensors", {"x": np.ones(2, np.float32)})
+    assert e.value.errno == errno.EROFS and "x.safetensors" in str(e.value)
+    monkeypatch.setattr(os, "statvfs", lambda path: type("RW", (), {"f_flag": 0})())
+    with pytest.raises(PermissionError):
+        fq.save(tmp_path / "x.safetensors", {"x": np.ones(2, np.float32)})
+
+
+def test_a_header_past_the_safetensors_limit_names_the_output(tmp_path):
+    from ferroquant.serialization import StreamingWriter
+
+    out = tmp_path / "big.safetensors"
+    with pytest.raises(fq.FormatError, match=r"cannot write .*big\.safetensors.*header"):
+        with StreamingWriter(out, {"note": "x" * 100_000_000}) as w:
+            w.add("x", np.ones(2, np.float32))
+    assert not out.exists()
+    with pytest.raises(fq.FormatError, match=r"cannot write .*big\.safetensors.*header too large"):
+        fq.save(out, {"x": np.ones(2, np.float32)}, {"note": "x" * 100_000_000})
+    assert not out.exists()

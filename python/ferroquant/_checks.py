@@ -57,8 +57,9 @@ def positive_int(value: Any, arg: str) -> int:
     return n
 
 
-def shape_tuple(shape: Any, arg: str = "shape") -> Tuple[int, ...]:
-    """A shape as a tuple of ints NumPy can represent, or TypeError / ShapeMismatchError.
+def shape_tuple(shape: Any, arg: str = "shape", dtype: Any = "float64") -> Tuple[int, ...]:
+    """A shape as a tuple of ints NumPy can represent for an array of ``dtype`` (the
+    one the values came from), or TypeError / ShapeMismatchError.
 
     Only true integers are sizes: ``2.7`` or the string ``"25"`` are refused,
     not truncated or split into digits.
@@ -84,8 +85,10 @@ def shape_tuple(shape: Any, arg: str = "shape") -> Tuple[int, ...]:
     if any(d < 0 or d > _MAX_INT for d in dims):
         raise ShapeMismatchError(f"{arg} must hold sizes in 0..2**63-1, got {tuple(dims)}")
     # NumPy refuses shapes whose non-zero dimensions span more than 2**63 - 1
-    # bytes even when another dimension is 0; 8 bytes is the widest element here.
-    span = 8
+    # bytes even when another dimension is 0: every shape an input of `dtype` can
+    # have passes (a dtype not yet checked counts as the widest, 8 bytes).
+    name = _NAME_OF.get(dtype) if isinstance(dtype, np.dtype) else dtype
+    span = FLOAT_DTYPES[name].itemsize if isinstance(name, str) and name in FLOAT_DTYPES else 8
     for d in dims:
         span *= max(d, 1)
     if span > _MAX_INT:

@@ -231,7 +231,7 @@ class QuantizedTensor(Quantized):
         if not isinstance(self.config, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(self.config).__name__}")
         config = self.config
-        shape = shape_tuple(self.shape)
+        shape = shape_tuple(self.shape, dtype=self.dtype)
         n = math.prod(shape)
         k = _groups(shape, config)
         want = (np.int8, (n,)) if config.bits == 8 else (np.uint8, (-(-n // 2),))

@@ -56,22 +56,29 @@ class BitNetConfig(Record):
     _params: ClassVar[Tuple[str, ...]] = ("activation_bits", "per_token_activation")
 
     def __post_init__(self) -> None:
-        b = self.activation_bits
-        if isinstance(b, (bool, np.bool_)):
-            raise TypeError("activation_bits must be an integer, got bool")
-        try:
-            b = operator.index(b)
-        except TypeError:
-            raise TypeError(f"activation_bits must be an integer, got {type(b).__name__}") from None
-        if not 2 <= b <= 8:
-            raise InvalidConfigError(f"activation_bits must be in 2..8, got {b}")
-        if not isinstance(self.per_token_activation, (bool, np.bool_)):
-            raise TypeError(
-                "per_token_activation must be a bool, got "
-                f"{type(self.per_token_activation).__name__}"
-            )
-        object.__setattr__(self, "activation_bits", b)
-        object.__setattr__(self, "per_token_activation", bool(self.per_token_activation))
+        object.__setattr__(self, "activation_bits", _bits(self.activation_bits, "activation_bits"))
+        flag = _flag(self.per_token_activation, "per_token_activation")
+        object.__setattr__(self, "per_token_activation", flag)
+
+
+def _bits(value: Any, arg: str) -> int:
+    """``value`` as a bit width in 2..8, checked under the caller's name ``arg``."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{arg} must be an integer, got bool")
+    try:
+        b = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{arg} must be an integer, got {type(value).__name__}") from None
+    if not 2 <= b <= 8:
+        raise InvalidConfigError(f"{arg} must be in 2..8, got {b}")
+    return b
+
+
+def _flag(value: Any, arg: str) -> bool:
+    """``value`` as a bool (NumPy's included), checked under the name ``arg``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{arg} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def _dims(shape: Tuple[int, ...], arg: str = "x") -> Tuple[int, int, int]:
@@ -112,9 +119,10 @@ class QuantizedActivations(Quantized):
     _later_params: ClassVar[Tuple[str, ...]] = ("dtype",)
 
     def __post_init__(self) -> None:
-        shape = shape_tuple(self.shape)
+        shape = shape_tuple(self.shape, dtype=self.dtype)
         b, s, _ = _dims(shape, "shape")
-        cfg = BitNetConfig(self.bits, self.per_token)
+        # Checked under this class's own field names, then as a config.
+        cfg = BitNetConfig(_bits(self.bits, "bits"), _flag(self.per_token, "per_token"))
         data, scales = self.data, self.scales
         if not isinstance(data, np.ndarray) or data.dtype != np.int8:
             raise TypeError(f"data must be an int8 array, got {describe(data)}")
