@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import struct
 import subprocess
@@ -1719,3 +1720,21 @@ def test_a_header_past_the_safetensors_limit_names_the_output(tmp_path):
     with pytest.raises(fq.FormatError, match=r"cannot write .*big\.safetensors.*header too large"):
         fq.save(out, {"x": np.ones(2, np.float32)}, {"note": "x" * 100_000_000})
     assert not out.exists()
+
+
+def test_masked_values_are_refused_not_read():
+    x = np.ma.masked_array(np.array([[1.0, 2.0], [3.0, 1e6]], np.float32), mask=[[0, 0], [0, 1]])
+    calls = [
+        ("x", lambda v: fq.dynamic_quantize_int8(v)),
+        ("x", lambda v: fq.compute_scale(v, 127.0)),
+        ("x", lambda v: fq.quantize(v)),
+        ("x", lambda v: fq.quantize_activations(v, fq.BitNetConfig())),
+        ("batches[0]", lambda v: fq.CalibStats.collect([v])),
+    ]
+    for arg, f in calls:
+        with pytest.raises(TypeError, match=rf"^{re.escape(arg)} is a masked array"):
+            f(x)
+    # Nothing masked: the values are the array's own.
+    clear = np.ma.masked_array(x.data, mask=False)
+    assert fq.dynamic_quantize_int8(clear) == fq.dynamic_quantize_int8(x.data)
+    assert fq.dynamic_quantize_int8(np.ma.masked_array(x.data)) == fq.dynamic_quantize_int8(x.data)

@@ -306,6 +306,13 @@ def float_input(x: Any, arg: str) -> np.ndarray:
         flags = x.flags
         if flags.c_contiguous and flags.aligned:
             return x  # the common case, checked first: small calls stay cheap
+    if isinstance(x, np.ma.MaskedArray) and np.ma.getmask(x) is not np.ma.nomask:
+        if np.ma.getmask(x).any():
+            # The kernels read every value: a masked outlier would set the scale.
+            raise TypeError(
+                f"{arg} is a masked array with masked values, which would be read as "
+                f"values; pass {arg}.filled(fill_value) or {arg}.compressed()"
+            )
     try:
         arr = x if isinstance(x, np.ndarray) else np.asarray(x)
     except ValueError as e:  # a ragged nested list
