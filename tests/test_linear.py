@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -420,3 +421,36 @@ def test_subclasses_keep_their_class_and_attributes_through_copies():
     old = _Tagged.__new__(_Tagged)
     old.__setstate__(({"tag": "old"}, {"_weight_q": tagged.weight_quantized, "_bias": None}))
     assert old.tag == "old" and old.forward(x).tobytes() == tagged.forward(x).tobytes()
+
+
+def test_a_half_or_double_activation_is_summed_a_block_of_tokens_at_a_time():
+    # 8192 columns: blocks of 256 tokens (8 MiB of float32); 600 tokens make
+    # blocks of 256, 256 and 88, each summed as a float32 call of its own tokens.
+    rng = np.random.default_rng(5)
+    in_f, tokens = 8192, 600
+    layer = fq.QuantizedLinear.from_linear(
+        rng.standard_normal((24, in_f)).astype(np.float32),
+        rng.standard_normal(24).astype(np.float32),
+        fq.QuantConfig.int4_per_channel(),
+    )
+    x16 = rng.standard_normal((tokens, in_f)).astype(np.float16)
+    x32 = x16.astype(np.float32)
+
+    def by_blocks(x):
+        x32 = x.astype(np.float32)
+        return np.concatenate(
+            [layer.forward(x32[a:b]) for a, b in ((0, 256), (256, 512), (512, 600))]
+        )
+
+    for x in (x16, x16.astype(np.float64), x32.astype(ml_dtypes.bfloat16)):
+        assert layer.forward(x).tobytes() == by_blocks(x).tobytes(), x.dtype
+    check(layer, x16)
+    # A few tokens: one block, the float32 call's own bits.
+    assert layer.forward(x16[:5]).tobytes() == layer.forward(x32[:5]).tobytes()
+    # The first non-finite value is counted from the start of x, in any block.
+    for where in ((3, 7), (300, 11), (590, 8191)):
+        bad = x16.astype(np.float64)
+        bad[where] = 1e39  # finite in float64, +inf in float32
+        with pytest.raises(fq.NonFiniteError) as e:
+            layer.forward(bad)
+        assert e.value.index == where[0] * in_f + where[1]

@@ -194,3 +194,23 @@ def test_dynamic_int4_values_unpack_into_one_array():
     assert v.dtype == np.int8 and v.shape == (8 * 2**20,)
     assert peak <= 1.15 * v.nbytes, (peak, v.nbytes)
     np.testing.assert_array_equal(v[:1000] * q.scales[0], q.dequantize()[:1000])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_forward_converts_a_half_or_double_activation_a_block_at_a_time(dtype):
+    # 8192 tokens x 4096 (a float32 copy would be 128 MiB) through a 64-row int8
+    # layer: the activation was converted to float32 whole before the kernel ran
+    # (a review: +263 MiB for a float16 x of 128 MiB); now a block of tokens at a
+    # time (8 MiB of float32) beside the 2 MiB output and the weight's panels.
+    setup = (
+        "import ml_dtypes\n"
+        "r = np.random.default_rng(0)\n"
+        "lin = fq.QuantizedLinear.from_linear(r.standard_normal((64, 4096)).astype(np.float32))\n"
+        f"dt = np.dtype(ml_dtypes.bfloat16 if '{dtype}' == 'bfloat16' else '{dtype}')\n"
+        "x = np.ones((8192, 4096), dt)\n"
+        "lin.forward(x[:16])"
+    )
+    peak, nbytes = peak_rss_in_child(setup, "lin.forward(x)")
+    assert nbytes == 8192 * 64 * 4
+    f32_copy = 8192 * 4096 * 4
+    assert peak < f32_copy / 4, (peak, f32_copy)

@@ -575,7 +575,8 @@ class QuantizedLinear:
             raise ShapeMismatchError(
                 f"x: expected shape (..., {self.in_features}), got {arr.shape}"
             )
-        arr = to_float32(arr)  # beyond float32's range: inf, reported below
+        # float64 / float16 / bfloat16 are converted value by value a block of tokens
+        # at a time (beyond float32's range: inf, reported as non-finite).
         lead = arr.shape[:-1]
         tokens = math.prod(lead)
         q = self._weight_q

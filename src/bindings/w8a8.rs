@@ -81,7 +81,8 @@ pub(crate) fn linear_forward<'py>(
     })?;
     let s = exact::<f64>("scales", "float64", scales)?;
     let z = exact::<f64>("zero_points", "float64", zero_points)?;
-    let xa = exact::<f32>("x", "float32", x)?;
+    // Any of the four float dtypes, converted a block of tokens at a time.
+    let xa = FloatArray::extract("x", x)?;
     let b = bias
         .map(|b| exact::<f32>("bias", "float32", b))
         .transpose()?;
@@ -100,16 +101,15 @@ pub(crate) fn linear_forward<'py>(
         zero_points: z.as_slice()?,
         dequant,
     };
-    let (xs, bs) = (
-        xa.as_slice()?,
-        b.as_ref().map(|b| b.as_slice()).transpose()?,
-    );
+    let bs = b.as_ref().map(|b| b.as_slice()).transpose()?;
     let out = output::<f32>(py, tokens.saturating_mul(out_features))?;
     {
         let mut ow = writable(&out)?;
         let os = ow.as_slice_mut()?;
-        py.detach(|| linear::linear_forward(&w, xs, tokens, bs, os))
-            .map_err(|e| to_pyerr(py, e))?;
+        with_float_slice!(xa, xs => {
+            py.detach(|| linear::linear_forward_from(&w, xs, tokens, bs, os))
+                .map_err(|e| to_pyerr(py, e))?;
+        });
     }
     Ok(out)
 }

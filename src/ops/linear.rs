@@ -137,6 +137,83 @@ pub fn linear_forward(
     linear_forward_with(Isa::detected(), w, x, tokens, bias, out)
 }
 
+/// How many bytes of float32 activation [`linear_forward_from`] converts at a
+/// time: a block of tokens this large (at least [`GEMM_MIN_TOKENS`]) costs one
+/// more pass over the weight's panels, a few per mille of its product.
+pub const CONVERT_BYTES: usize = 8 << 20;
+
+/// [`linear_forward`] for an activation of any float type: float32 is read in
+/// place; float64, float16 and bfloat16 are converted value by value to
+/// float32 (a float64 past float32's range becomes ±inf: `NonFinite`) a block
+/// of tokens at a time ([`CONVERT_BYTES`]), never the whole activation at once.
+/// A block's tokens are summed as a call with those tokens alone would sum
+/// them; the result stays within float32 rounding of the reference.
+///
+/// Errors: as [`linear_forward`] (a `NonFinite` index counts from the start of
+/// `x`).
+pub fn linear_forward_from<T: Float>(
+    w: &QuantizedWeight<'_>,
+    x: &[T],
+    tokens: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
+    if let Some(xf) = T::as_f32_slice(x) {
+        return linear_forward(w, xf, tokens, bias, out);
+    }
+    let [out_f, in_f] = w.shape;
+    if tokens.checked_mul(in_f) != Some(x.len()) {
+        return Err(mismatch(
+            "x",
+            &format!("{tokens} x {in_f} elements"),
+            x.len().to_string(),
+        ));
+    }
+    if tokens.checked_mul(out_f) != Some(out.len()) {
+        let expected = tokens
+            .checked_mul(out_f)
+            .map_or_else(|| format!("{tokens} x {out_f}"), |n| n.to_string());
+        return Err(mismatch("out", &expected, out.len().to_string()));
+    }
+    if tokens == 0 || in_f == 0 {
+        return linear_forward(w, &[], tokens, bias, out);
+    }
+    // Blocks of `per` tokens; what is left over joins the last one when it is
+    // fewer than GEMM_MIN_TOKENS, so no block is smaller than a whole call of
+    // fewer tokens would be.
+    let per = (CONVERT_BYTES / (4 * in_f))
+        .max(GEMM_MIN_TOKENS)
+        .min(tokens);
+    let mut blocks = (tokens / per).max(1);
+    if tokens - blocks * per >= GEMM_MIN_TOKENS {
+        blocks += 1;
+    }
+    let longest = tokens - (blocks - 1) * per;
+    let mut buf = try_filled(
+        longest.max(per) * in_f,
+        0f32,
+        "the float32 activation block",
+    )?;
+    let isa = Isa::detected();
+    for b in 0..blocks {
+        let t0 = b * per;
+        let t = if b + 1 == blocks { tokens - t0 } else { per };
+        let xs = &x[t0 * in_f..(t0 + t) * in_f];
+        let xf = &mut buf[..t * in_f];
+        T::convert_to_f32(isa, xs, xf);
+        linear_forward(w, xf, t, bias, &mut out[t0 * out_f..(t0 + t) * out_f]).map_err(
+            |e| match e {
+                QuantError::NonFinite { arg: "x", index } => QuantError::NonFinite {
+                    arg: "x",
+                    index: index + t0 * in_f,
+                },
+                e => e,
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// [`linear_forward`] on a chosen ISA (downgraded if the CPU lacks it).
 pub fn linear_forward_with(
     isa: Isa,
