@@ -924,6 +924,20 @@ sub = np.longdouble(2.5 * 2.0**-149) + np.ldexp(np.longdouble(1), -209)
 # Narrow scalars, made before the flags are set (NumPy would flush them on creation):
 # float() widens them in hardware, which reads a subnormal as 0 under DAZ.
 tiny32, tiny16, tiny_bf16 = np.float32(1e-40), np.float16(6e-8), ml_dtypes.bfloat16(2.0**-130)
+# A float64 affine scale and zero point below float64's normal range.
+sub64, codes = np.array([1e-310]), np.array([1, -3], np.int8)
+
+
+def affine_checks():
+    q = fq.QuantizedTensor(codes, sub64, np.zeros(1), (2,), "float64", fq.QuantConfig())
+    back = fq.load_bytes(fq.save_bytes({"q": q}))["q"]
+    try:
+        asym = fq.QuantConfig.int8().asymmetric()
+        fq.QuantizedTensor(codes, np.ones(1), sub64, (2,), "float64", asym)
+        zp = "accepted"
+    except fq.InvalidConfigError as e:
+        zp = str(e)
+    return [back.scales.view(np.uint64).tolist(), zp]
 
 
 def results():
@@ -959,6 +973,7 @@ def results():
         fq.compute_smooth_factors(x.reshape(1, 3), x.reshape(1, 3), smooth)
         .view(np.uint32)
         .tolist(),
+        affine_checks(),
     ]
 
 
@@ -994,6 +1009,7 @@ def test_item6_python_floats_in_and_out_ignore_flush_to_zero():
     assert out["live"], "FTZ/DAZ were not set: the probe proves nothing"
     assert out["fast_math"] == out["plain"]
     assert "0.0," not in out["plain"].split("]")[0]  # the subnormal results are there
+    assert "zero_points must be finite integers" in out["plain"]
 
 
 def test_zero_extremes_keep_the_first_zeros_sign():

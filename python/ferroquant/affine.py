@@ -255,8 +255,12 @@ class QuantizedTensor(Quantized):
             )
         data, scales, zps = held(data), held(scales), held(zps)
         dtype = source_dtype(self.dtype)
-        if scales.size and not (scales > 0).all():  # NaN fails too
-            bad = int(np.flatnonzero(~(scales > 0))[0])
+        # > 0 (+inf included, NaN not) from the bits: a float compare would read a
+        # subnormal scale as 0 under a caller's denormals-are-zero flag.
+        bits = scales.astype(np.float64, copy=False).view(np.uint64)
+        positive = (bits - np.uint64(1)) < np.uint64(0x7FF0_0000_0000_0000)
+        if scales.size and not positive.all():
+            bad = int(np.flatnonzero(~positive)[0])
             raise InvalidConfigError(f"scales must be > 0, got {scales[bad]} at group {bad}")
         # Only a float64 range can overflow the f64 scale (the seed's math then gives
         # inf); any narrower source keeps it finite.
@@ -265,7 +269,10 @@ class QuantizedTensor(Quantized):
             raise InvalidConfigError(
                 f"scales must be finite for a {dtype} source, got {scales[bad]} at group {bad}"
             )
-        if zps.size and not (np.isfinite(zps).all() and (zps == np.round(zps)).all()):
+        # Integral by the bits, as the scales: a subnormal is not an integer under any flags.
+        z64 = zps.astype(np.float64, copy=False)
+        integral = z64.view(np.uint64) == np.round(z64).view(np.uint64)
+        if zps.size and not (np.isfinite(zps).all() and integral.all()):
             raise InvalidConfigError("zero_points must be finite integers")
         if config.mode == "symmetric" and zps.size and (zps != 0).any():
             raise InvalidConfigError("zero_points must be 0 for a symmetric config")
