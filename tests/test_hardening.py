@@ -954,6 +954,8 @@ def results():
         # float32 arrays as bit patterns: tolist() under the flags would itself flush.
         lin.bias.view(np.uint32).tolist(),
         lin.forward(tiny64.reshape(1, 2)).view(np.uint32).tolist(),
+        # A float64 x subnormal in float32: converted in the default environment.
+        lin.forward(np.array([[1e-40, 0.0]])).view(np.uint32).tolist(),
         qb.bias.view(np.uint32).tolist(),
         fq.compute_scale(x, 127.0),
         fq.compute_scale(x, 127.0, fq.Percentile(0.5)),

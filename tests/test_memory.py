@@ -214,3 +214,19 @@ def test_forward_converts_a_half_or_double_activation_a_block_at_a_time(dtype):
     assert nbytes == 8192 * 64 * 4
     f32_copy = 8192 * 4096 * 4
     assert peak < f32_copy / 4, (peak, f32_copy)
+
+
+def test_forward_converts_one_long_token_at_a_time():
+    # 15 tokens of 2,000,000 columns in float16 (57 MiB; 114 MiB as float32): a
+    # block is one token when a row is longer than 8 MiB of float32 (a review:
+    # blocks of at least 8 tokens made this one block, the whole activation).
+    setup = (
+        "q = fq.QuantizedTensor((np.arange(2 * 2_000_000) % 255 - 127).astype(np.int8),"
+        " np.array([0.01]), np.array([0.0]), (2, 2_000_000), 'float32', fq.QuantConfig())\n"
+        "lin = fq.QuantizedLinear(q)\n"
+        "x = np.ones((15, 2_000_000), np.float16)\n"
+        "lin.forward(x[:2])"
+    )
+    peak, nbytes = peak_rss_in_child(setup, "lin.forward(x)")
+    assert nbytes == 15 * 2 * 4
+    assert peak < 15 * 2_000_000 * 4 / 4, peak

@@ -138,16 +138,17 @@ pub fn linear_forward(
 }
 
 /// How many bytes of float32 activation [`linear_forward_from`] converts at a
-/// time: a block of tokens this large (at least [`GEMM_MIN_TOKENS`]) costs one
-/// more pass over the weight's panels, a few per mille of its product.
+/// time (or one token, when a row is longer): from 8 tokens, a block this large
+/// costs one more pass over the weight's panels, a few per mille of its product.
 pub const CONVERT_BYTES: usize = 8 << 20;
 
 /// [`linear_forward`] for an activation of any float type: float32 is read in
 /// place; float64, float16 and bfloat16 are converted value by value to
 /// float32 (a float64 past float32's range becomes ±inf: `NonFinite`) a block
-/// of tokens at a time ([`CONVERT_BYTES`]), never the whole activation at once.
-/// A block's tokens are summed as a call with those tokens alone would sum
-/// them; the result stays within float32 rounding of the reference.
+/// of tokens at a time ([`CONVERT_BYTES`], or one token), in the default
+/// floating-point environment, never the whole activation at once. A block's
+/// tokens are summed as a call with those tokens alone would sum them; the
+/// result stays within float32 rounding of the reference.
 ///
 /// Errors: as [`linear_forward`] (a `NonFinite` index counts from the start of
 /// `x`).
@@ -161,6 +162,8 @@ pub fn linear_forward_from<T: Float>(
     if let Some(xf) = T::as_f32_slice(x) {
         return linear_forward(w, xf, tokens, bias, out);
     }
+    // The conversion too: a caller's flush-to-zero flags would zero subnormals.
+    let _env = simd::fpenv::Pinned::new();
     let [out_f, in_f] = w.shape;
     if tokens.checked_mul(in_f) != Some(x.len()) {
         return Err(mismatch(
@@ -178,26 +181,13 @@ pub fn linear_forward_from<T: Float>(
     if tokens == 0 || in_f == 0 {
         return linear_forward(w, &[], tokens, bias, out);
     }
-    // Blocks of `per` tokens; what is left over joins the last one when it is
-    // fewer than GEMM_MIN_TOKENS, so no block is smaller than a whole call of
-    // fewer tokens would be.
-    let per = (CONVERT_BYTES / (4 * in_f))
-        .max(GEMM_MIN_TOKENS)
-        .min(tokens);
-    let mut blocks = (tokens / per).max(1);
-    if tokens - blocks * per >= GEMM_MIN_TOKENS {
-        blocks += 1;
-    }
-    let longest = tokens - (blocks - 1) * per;
-    let mut buf = try_filled(
-        longest.max(per) * in_f,
-        0f32,
-        "the float32 activation block",
-    )?;
+    // Blocks of `per` tokens, the last one what is left.
+    let per = (CONVERT_BYTES / (4 * in_f)).clamp(1, tokens);
+    let mut buf = try_filled(per * in_f, 0f32, "the float32 activation block")?;
     let isa = Isa::detected();
-    for b in 0..blocks {
+    for b in 0..tokens.div_ceil(per) {
         let t0 = b * per;
-        let t = if b + 1 == blocks { tokens - t0 } else { per };
+        let t = per.min(tokens - t0);
         let xs = &x[t0 * in_f..(t0 + t) * in_f];
         let xf = &mut buf[..t * in_f];
         T::convert_to_f32(isa, xs, xf);
