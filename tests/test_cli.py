@@ -925,6 +925,10 @@ def test_the_content_decides_between_json_model_and_safetensors(tmp_path, rng):
     assert r.returncode == 0 and "ptq-int8" in r.stdout, r.stderr
     r = cli("inspect", str(js_named_bin))
     assert r.returncode == 0 and "1 layers, scheme" in r.stdout, r.stderr
+    spaced = tmp_path / "spaced.json"  # any amount of leading whitespace is still JSON
+    spaced.write_bytes(b" \n" * 40_000 + js_named_bin.read_bytes())
+    r = cli("inspect", str(spaced))
+    assert r.returncode == 0 and "1 layers, scheme" in r.stdout, r.stderr
     for src in (st_named_json, js_named_bin):
         out = tmp_path / (src.stem + "-d.safetensors")
         r = cli("dequantize", str(src), "-o", str(out))

@@ -869,8 +869,13 @@ def test_names_that_are_not_utf8(tmp_path):
 def test_small_api_and_cli_edges(tmp_path, model):
     q = fq.quantize_blockwise(np.ones(4, np.float32))
     assert (q == np.ones(4)) is False and (np.ones(4) == q) is False
+    from ferroquant import registry
+
     fq.register_quantizer("named-test", lambda name="x": fq.Blockwise8(), replace=True)
-    assert fq.get_quantizer("named-test", name="y").name == "blockwise8"
+    try:
+        assert fq.get_quantizer("named-test", name="y").name == "blockwise8"
+    finally:  # later tests compare the registry with a fresh process's
+        del registry._REGISTRY["named-test"]
     r = cli(
         "quantize", str(model), "-o", str(tmp_path / "o.st"), "--scheme", "int8", "-p", "bits=4"
     )
@@ -1756,3 +1761,35 @@ def test_masked_values_are_refused_not_read():
     clear = np.ma.masked_array(x.data, mask=False)
     assert fq.dynamic_quantize_int8(clear) == fq.dynamic_quantize_int8(x.data)
     assert fq.dynamic_quantize_int8(np.ma.masked_array(x.data)) == fq.dynamic_quantize_int8(x.data)
+
+
+def test_no_replace_holds_against_a_file_that_appears_while_writing(tmp_path):
+    # -n is checked before a run, but a file can appear while the output is
+    # written: it must not be replaced then either (a review: it was, by rename).
+    out = tmp_path / "out.safetensors"
+
+    def write(tmp):
+        out.write_bytes(b"appeared meanwhile")
+        with open(tmp, "wb") as f:
+            f.write(b"ours")
+
+    with pytest.raises(FileExistsError):
+        _format.write_file(out, write, replace=False)
+    assert out.read_bytes() == b"appeared meanwhile"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.safetensors"]
+    fresh = tmp_path / "fresh.bin"
+    _format.write_file(fresh, lambda tmp: open(tmp, "wb").write(b"new"), replace=False)
+    assert fresh.read_bytes() == b"new"
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~_format._umask()
+    # The default replaces, as before.
+    _format.write_file(out, lambda tmp: open(tmp, "wb").write(b"ours"))
+    assert out.read_bytes() == b"ours"
+
+
+def test_smoothing_refuses_a_masked_array_with_masked_values():
+    a = np.ma.masked_array(np.array([[1.0, np.nan]], np.float32), mask=[[0, 1]])
+    with pytest.raises(TypeError, match=r"^a is a masked array"):
+        fq.smooth_activations(a, np.ones(2, np.float32))
+    assert np.isnan(a.data[0, 1]) and a.data[0, 0] == 1.0
+    w = np.ma.masked_array(np.ones((1, 2), np.float32), mask=False)
+    assert fq.smooth_weights(w, np.full(2, 2.0, np.float32)).data.tolist() == [[2.0, 2.0]]

@@ -57,9 +57,12 @@ def positive_int(value: Any, arg: str) -> int:
     return n
 
 
-def shape_tuple(shape: Any, arg: str = "shape", dtype: Any = "float64") -> Tuple[int, ...]:
+def shape_tuple(
+    shape: Any, arg: str = "shape", dtype: Any = "float64", at_least: int = 1
+) -> Tuple[int, ...]:
     """A shape as a tuple of ints NumPy can represent for an array of ``dtype`` (the
-    one the values came from), or TypeError / ShapeMismatchError.
+    one the values came from) and for elements of ``at_least`` bytes (what
+    ``dequantize`` returns), or TypeError / ShapeMismatchError.
 
     Only true integers are sizes: ``2.7`` or the string ``"25"`` are refused,
     not truncated or split into digits.
@@ -89,6 +92,7 @@ def shape_tuple(shape: Any, arg: str = "shape", dtype: Any = "float64") -> Tuple
     # have passes (a dtype not yet checked counts as the widest, 8 bytes).
     name = _NAME_OF.get(dtype) if isinstance(dtype, np.dtype) else dtype
     span = FLOAT_DTYPES[name].itemsize if isinstance(name, str) and name in FLOAT_DTYPES else 8
+    span = max(span, at_least)
     for d in dims:
         span *= max(d, 1)
     if span > _MAX_INT:

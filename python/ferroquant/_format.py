@@ -381,12 +381,14 @@ def _create(name: str) -> None:
     os.close(fd)
 
 
-def write_file(path: PathLike, write: Callable[[str], None]) -> None:
+def write_file(path: PathLike, write: Callable[[str], None], replace: bool = True) -> None:
     """Run ``write(tmp)`` to make the file, then rename it over ``path``.
 
     A failed write leaves ``path`` as it was. The new file gets the mode of
     the file it replaces, or ``0o666`` less the umask. Every failure is an
     ``OSError`` naming the user's path (never an internal temporary name).
+    With ``replace=False`` an existing ``path`` is never replaced, however late
+    it appeared: the file is linked into place (``FileExistsError`` if taken).
     """
     dest, real = prepare_destination(path)
     parent = os.path.dirname(real) or "."
@@ -412,7 +414,10 @@ def write_file(path: PathLike, write: Callable[[str], None]) -> None:
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dest)
         write(tmp)
         os.chmod(tmp, mode)
-        os.replace(tmp, real)
+        if replace:
+            os.replace(tmp, real)
+        else:
+            _link_new(tmp, real)
     except BaseException as e:
         if tmp is not None:
             try:
@@ -424,6 +429,24 @@ def write_file(path: PathLike, write: Callable[[str], None]) -> None:
         if type(e).__name__ == "SafetensorError":
             raise _writer_error(e, dest) from None
         raise
+
+
+def _link_new(tmp: str, real: str) -> None:
+    """Give the finished ``tmp`` the name ``real`` only if nothing has it (a hard
+    link fails with EEXIST atomically), then drop ``tmp``'s name."""
+    try:
+        os.link(tmp, real)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            raise
+        # A file system without hard links: the check and the rename are two steps.
+        if os.path.lexists(real):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), real) from None
+        os.replace(tmp, real)
+        return
+    os.unlink(tmp)
 
 
 def write_tensors(path: PathLike, spec_map: Mapping[str, TensorSpec], meta: Dict[str, str]) -> None:

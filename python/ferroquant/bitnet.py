@@ -119,7 +119,7 @@ class QuantizedActivations(Quantized):
     _later_params: ClassVar[Tuple[str, ...]] = ("dtype",)
 
     def __post_init__(self) -> None:
-        shape = shape_tuple(self.shape, dtype=self.dtype)
+        shape = shape_tuple(self.shape, dtype=self.dtype, at_least=4)  # float32 values
         b, s, _ = _dims(shape, "shape")
         # Checked under this class's own field names, then as a config.
         cfg = BitNetConfig(_bits(self.bits, "bits"), _flag(self.per_token, "per_token"))

@@ -61,7 +61,7 @@ class BlockwiseQuantized(Quantized):
     _params: ClassVar[Tuple[str, ...]] = ("shape", "dtype", "block_size")
 
     def __post_init__(self) -> None:
-        shape = shape_tuple(self.shape, dtype=self.dtype)
+        shape = shape_tuple(self.shape, dtype=self.dtype, at_least=4)  # float32 values
         block_size = positive_int(self.block_size, "block_size")
         n = math.prod(shape)
         data, scales = self.data, self.scales

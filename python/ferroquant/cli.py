@@ -31,8 +31,9 @@ import ml_dtypes
 import numpy as np
 
 from . import __version__
+from . import _ferroquant as _native
 from ._checks import FLOAT_DTYPES, is_float_dtype
-from ._format import ENTRY_PREFIX, ArrayHeader, open_regular, unique_keys
+from ._format import ENTRY_PREFIX, ArrayHeader, open_regular, unique_keys, write_file
 from .errors import FormatError, QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
@@ -338,7 +339,8 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
     in_bytes = out_bytes = 0
     t_start = time.perf_counter()
     show = not args.no_progress and sys.stderr.isatty()
-    with StreamingWriter(out, user_meta) as writer, _progress(len(reader.names), show) as bar:
+    writer_of = StreamingWriter(out, user_meta, replace=not args.no_clobber)
+    with writer_of as writer, _progress(len(reader.names), show) as bar:
         for name in reader.names:
             bar.set_postfix_str(name[-40:], refresh=False)
             arr = reader.get(name)
@@ -451,11 +453,20 @@ def _looks_like_json(path: Path) -> bool:
     try:
         with open_regular(os.fspath(path)) as f:  # never waits on a FIFO
             head = f.read(64)
+            # A safetensors file opens with its header's length, little-endian: one
+            # whose low byte is "{" (0x7b) still has NUL bytes next, which JSON text
+            # never holds.
+            if b"\x00" in head[:8]:
+                return False
+            rest = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+            while not rest:  # blank so far: however much whitespace leads, skip it
+                more = f.read(1 << 16)
+                if not more:
+                    return False
+                rest = more.lstrip(b" \t\r\n")
     except OSError:
         return False  # the reader reports it
-    # A safetensors file opens with its header's length, little-endian: one whose
-    # low byte is "{" (0x7b) still has NUL bytes next, which JSON text never holds.
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and b"\x00" not in head[:8]
+    return rest.startswith(b"{")
 
 
 def _json_model(path: Path) -> QuantizedModel:
@@ -622,7 +633,13 @@ def _quantize_json(
         total_quantized_bytes=sum(q.size_bytes() for q in layers),
         total_fp32_bytes=sum(q.original_size_bytes() for q in layers),
     )
-    model.save(out)
+    # As `model.save(out)`, but -n holds until the file is in place.
+    json_args = model._json_args()
+
+    def write_json(tmp: str) -> None:
+        _native.ptq_write_json(tmp, *json_args)
+
+    write_file(out, write_json, replace=not args.no_clobber)
     left = [n for n in names if n not in weights and n not in biases.values()]
     elapsed = time.perf_counter() - t_start
     header = ["tensor", "shape", "scheme", "size", "ratio", "max|err|", "mean|err|", "ms"]
@@ -901,13 +918,12 @@ def _compare(
         if args.json == "-":
             print(text)
         else:
-            from ._format import write_file
 
             def write(tmp: str) -> None:
                 with open(tmp, "w", encoding="utf-8") as f:
                     f.write(text + "\n")
 
-            write_file(args.json, write)
+            write_file(args.json, write, replace=not args.no_clobber)
             print(f"wrote {_path_shown(args.json)}")
         return 0
     table = [
@@ -1033,12 +1049,12 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
         model = _json_model(src)
         if not model.layers:
             raise CliError(f"{_path_shown(src)} holds no layer: nothing to write")
-        with StreamingWriter(out, {}) as writer:
+        with StreamingWriter(out, {}, replace=not args.no_clobber) as writer:
             n = _add_model(writer, model)
         print(f"dequantized {n} layers into {_path_shown(out)}")
         return 0
     with TensorReader(src) as reader:
-        return _dequantize(reader, out)
+        return _dequantize(reader, out, not args.no_clobber)
 
 
 def _add_model(writer: StreamingWriter, model: QuantizedModel) -> int:
@@ -1063,14 +1079,14 @@ def _add_model(writer: StreamingWriter, model: QuantizedModel) -> int:
     return len(model.layers)
 
 
-def _dequantize(reader: TensorReader, out: Path) -> int:
+def _dequantize(reader: TensorReader, out: Path, replace: bool = True) -> int:
     meta = {
         k: v
         for k, v in reader.metadata.items()
         if not k.startswith(ENTRY_PREFIX) and k not in ("ferroquant.source", "ferroquant.version")
     }
     n = copied = 0
-    with StreamingWriter(out, meta) as writer:
+    with StreamingWriter(out, meta, replace=replace) as writer:
         for name, value in reader.entries():
             if isinstance(value, QuantizedModel):
                 n += _add_model(writer, value)

@@ -143,7 +143,7 @@ class DynQuantTensor(Quantized):
             raise InvalidConfigError(
                 f"format must be one of {', '.join(FORMATS)}, got {self.format!r}"
             )
-        shape = shape_tuple(self.shape, dtype=self.dtype)
+        shape = shape_tuple(self.shape, dtype=self.dtype, at_least=4)  # float32 values
         n = math.prod(shape)
         int4 = self.format == "int4_per_tensor"
         want_dtype, want_len = (np.uint8, -(-n // 2)) if int4 else (np.int8, n)
@@ -404,6 +404,9 @@ def compute_smooth_factors(
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
+    if isinstance(x, np.ma.MaskedArray) and np.ma.getmask(x).any():
+        # As every float input: the masked values would be smoothed as values.
+        raise TypeError(f"{arg} is a masked array with masked values; smooth {arg}.data instead")
     if isinstance(x, np.ndarray) and x.dtype.kind not in "fV":
         # Integer, bool, complex, object, ...: not a float array at all (general rules).
         raise TypeError(f"{arg} must be a writable C-contiguous float32 array, got {describe(x)}")

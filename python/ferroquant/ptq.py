@@ -199,7 +199,7 @@ class QuantizedWeights(Quantized):
 
     def __post_init__(self) -> None:
         name = _text(self.name, "name")
-        shape = shape_tuple(self.shape, dtype=self.dtype)
+        shape = shape_tuple(self.shape, dtype=self.dtype, at_least=4)  # float32 values
         w = self.weights_i8
         if not is_array_of(w, np.int8):
             raise TypeError(f"weights_i8 must be an int8 array, got {describe(w)}")

@@ -98,10 +98,15 @@ class StreamingWriter:
     page of it as resident while the file is written). The destination is
     checked when the writer is created, so a bad output path fails before any
     work is done.
+    With ``replace=False`` an existing file is never replaced, even one
+    that appears while the writer runs (``FileExistsError``).
     """
 
-    def __init__(self, path: PathLike, metadata: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(
+        self, path: PathLike, metadata: Optional[Mapping[str, str]] = None, replace: bool = True
+    ) -> None:
         self._path = path
+        self._replace = replace
         _, real = _format.prepare_destination(path)
         self._meta = _format.user_metadata(metadata)
         try:
@@ -153,7 +158,9 @@ class StreamingWriter:
             meta = self._meta or None
             try:
                 _format.write_file(
-                    self._path, lambda tmp: self._spill.write_safetensors(tmp, entries, meta)
+                    self._path,
+                    lambda tmp: self._spill.write_safetensors(tmp, entries, meta),
+                    self._replace,
                 )
             except FormatError as e:  # safetensors refused the header: name the file
                 raise FormatError(
