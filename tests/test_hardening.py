@@ -9,6 +9,7 @@ the Rust tests, where the flags can be set, and at the Python boundary below.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -1781,9 +1782,47 @@ def test_no_replace_holds_against_a_file_that_appears_while_writing(tmp_path):
     _format.write_file(fresh, lambda tmp: open(tmp, "wb").write(b"new"), replace=False)
     assert fresh.read_bytes() == b"new"
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~_format._umask()
+    # A dangling symbolic link (made after -n's first check, say) is not followed.
+    link, target = tmp_path / "link.safetensors", tmp_path / "elsewhere"
+    link.symlink_to(target)
+    with pytest.raises(FileExistsError):
+        _format.write_file(link, lambda tmp: open(tmp, "wb").write(b"ours"), replace=False)
+    assert link.is_symlink() and not target.exists()
+    # Without hard links (some file systems): an exclusive create claims the name.
+    real_link = os.link
+
+    def no_links(src, dst, *a, **k):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    os.link = no_links
+    try:
+        with pytest.raises(FileExistsError):
+            _format.write_file(out, write, replace=False)
+        nl = tmp_path / "no-links.bin"
+        _format.write_file(nl, lambda tmp: open(tmp, "wb").write(b"new"), replace=False)
+        assert nl.read_bytes() == b"new"
+    finally:
+        os.link = real_link
+    assert out.read_bytes() == b"appeared meanwhile"
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["fresh.bin", "link.safetensors", "no-links.bin", "out.safetensors"]
     # The default replaces, as before.
     _format.write_file(out, lambda tmp: open(tmp, "wb").write(b"ours"))
     assert out.read_bytes() == b"ours"
+
+
+def test_an_empty_input_whose_float32_values_numpy_cannot_hold_is_refused():
+    x = np.empty((0, 2**61), np.float16)  # an array; its float32 values would not be
+    for f in (
+        fq.quantize_blockwise,
+        fq.dynamic_quantize_int8,
+        lambda v: fq.quantize_activations(v, fq.BitNetConfig()),
+        fq.quantize_ste,
+    ):
+        with pytest.raises(fq.ShapeMismatchError, match=r"^x \(0, 2305843009213693952\)"):
+            f(x)
+    with pytest.raises(fq.ShapeMismatchError, match=r"^w \(0, 2305843009213693952\)"):
+        fq.QuantizedWeights.from_f32("w", x)
 
 
 def test_smoothing_refuses_a_masked_array_with_masked_values():

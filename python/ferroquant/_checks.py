@@ -100,6 +100,14 @@ def shape_tuple(
     return tuple(dims)
 
 
+def float32_shape(shape: Tuple[int, ...], arg: str) -> None:
+    """ShapeMismatchError naming ``arg`` for an empty input whose shape NumPy cannot
+    hold in float32, the dtype its values come back in: float16 (0, 2**61) is an
+    array, its float32 values would not be. (A non-empty one fails to allocate.)"""
+    if 0 in shape:
+        shape_tuple(shape, arg, "float32")
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -417,7 +417,9 @@ def write_file(path: PathLike, write: Callable[[str], None], replace: bool = Tru
         if replace:
             os.replace(tmp, real)
         else:
-            _link_new(tmp, real)
+            # At the path as given: a name that appeared meanwhile, a dangling
+            # symbolic link included, is never followed or replaced.
+            _link_new(tmp, dest)
     except BaseException as e:
         if tmp is not None:
             try:
@@ -431,20 +433,26 @@ def write_file(path: PathLike, write: Callable[[str], None], replace: bool = Tru
         raise
 
 
-def _link_new(tmp: str, real: str) -> None:
-    """Give the finished ``tmp`` the name ``real`` only if nothing has it (a hard
-    link fails with EEXIST atomically), then drop ``tmp``'s name."""
+def _link_new(tmp: str, dest: str) -> None:
+    """Give the finished ``tmp`` the name ``dest`` only if nothing has it, then drop
+    ``tmp``'s name: a hard link fails with EEXIST atomically (and never follows a
+    symbolic link at ``dest``)."""
     try:
-        os.link(tmp, real)
+        os.link(tmp, dest)
     except FileExistsError:
         raise
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
             raise
-        # A file system without hard links: the check and the rename are two steps.
-        if os.path.lexists(real):
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), real) from None
-        os.replace(tmp, real)
+        # A file system without hard links: claim the name with an exclusive create
+        # (EEXIST if anything has it), then rename the file over that placeholder.
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0)
+        os.close(fd)
+        try:
+            os.replace(tmp, dest)
+        except BaseException:
+            os.unlink(dest)
+            raise
         return
     os.unlink(tmp)
 

@@ -18,6 +18,7 @@ from . import _ferroquant as _native
 from ._base import Quantized, Record, check_scales, f32_ratio
 from ._checks import (
     describe,
+    float32_shape,
     float_input,
     held,
     is_array_of,
@@ -193,6 +194,7 @@ def _groups(x: Any, config: Any) -> Tuple[np.ndarray, int]:
     if not isinstance(config, BitNetConfig):
         raise TypeError(f"config must be a BitNetConfig, got {type(config).__name__}")
     arr = float_input(x, "x")
+    float32_shape(arr.shape, "x")
     b, s, _ = _dims(arr.shape)
     return arr, b * s if config.per_token_activation else b
 

@@ -17,6 +17,7 @@ from . import _ferroquant as _native
 from ._base import Quantized, check_scales, f32_ratio
 from ._checks import (
     describe,
+    float32_shape,
     float_input,
     held,
     is_array_of,
@@ -144,6 +145,7 @@ def quantize_blockwise(
             got a subnormal or zero scale and lost precision.
     """
     arr = float_input(x, "x")
+    float32_shape(arr.shape, "x")
     bs = positive_int(block_size, "block_size")
     sdt = _scale_dtype(scale_dtype)
     codes, scales, lossy = _native.quantize_blockwise(arr, bs, sdt == np.float32)

@@ -22,6 +22,7 @@ from ._checks import (
     describe,
     exact_float,
     exact_value,
+    float32_shape,
     float_for_f32,
     float_input,
     held,
@@ -265,6 +266,7 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
 def _quantize(x: Any, fmt: str, mode: Any, arg: str = "x") -> DynQuantTensor:
     p = _percentile(mode)
     arr = float_input(x, arg)
+    float32_shape(arr.shape, arg)
     if fmt == "int8_per_row" and arr.ndim != 2:
         raise ShapeMismatchError(f"x2d must be a 2-D array, got {arr.ndim}-D shape {arr.shape}")
     try:

@@ -25,6 +25,7 @@ from . import _format
 from ._base import Quantized
 from ._checks import (
     describe,
+    float32_shape,
     float_input,
     held,
     is_array_of,
@@ -251,6 +252,7 @@ class QuantizedWeights(Quantized):
         name = _text(name, "name")
         arr = float_input(w, "w")
         dims = arr.shape if shape is None else shape_tuple(shape)
+        float32_shape(dims, "w")
         if math.prod(dims) != arr.size:
             raise ShapeMismatchError(
                 f"w: expected {math.prod(dims)} values for shape {dims}, got shape {arr.shape}"
