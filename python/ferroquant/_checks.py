@@ -42,14 +42,20 @@ _NAME_OF = {dt: name for name, dt in FLOAT_DTYPES.items()}
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+def exact_int(value: Any, arg: str, kind: str = "an integer") -> int:
+    """``value`` as an int: a Python or NumPy integer (``__index__``), never a bool,
+    a float or a string; TypeError naming ``arg`` otherwise."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{arg} must be {kind}, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{arg} must be {kind}, got {type(value).__name__}") from None
+
+
 def positive_int(value: Any, arg: str) -> int:
     """Return ``value`` as an int >= 1, or raise TypeError / InvalidConfigError naming ``arg``."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{arg} must be an integer, got bool")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{arg} must be an integer, got {type(value).__name__}") from None
+    n = exact_int(value, arg)
     if n < 1:
         raise InvalidConfigError(f"{arg} must be an integer >= 1, got {n}")
     if n > _MAX_INT:

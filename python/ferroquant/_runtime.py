@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import operator
 import warnings
 from typing import List
 
-import numpy as np
-
 from . import _ferroquant as _native
-from ._checks import positive_int
+from ._checks import exact_int, positive_int
 from .errors import InvalidConfigError
 
 __all__ = [
@@ -61,12 +58,7 @@ def set_output_cache(max_bytes: int) -> None:
         TypeError: ``max_bytes`` is not an integer.
         InvalidConfigError: ``max_bytes`` is negative or above 2**63 - 1.
     """
-    if isinstance(max_bytes, (bool, np.bool_)):
-        raise TypeError("max_bytes must be an integer, got bool")
-    try:
-        n = operator.index(max_bytes)
-    except TypeError:
-        raise TypeError(f"max_bytes must be an integer, got {type(max_bytes).__name__}") from None
+    n = exact_int(max_bytes, "max_bytes")
     if n < 0 or n > 2**63 - 1:
         raise InvalidConfigError(f"max_bytes must be in 0..2**63 - 1, got {n}")
     _native.set_output_cache(n)

@@ -8,7 +8,6 @@ max-abs int8, and the straight-through estimator's fake quantization.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Tuple
 
@@ -18,6 +17,7 @@ from . import _ferroquant as _native
 from ._base import Quantized, Record, check_scales, f32_ratio
 from ._checks import (
     describe,
+    exact_int,
     float32_shape,
     float_input,
     held,
@@ -64,12 +64,7 @@ class BitNetConfig(Record):
 
 def _bits(value: Any, arg: str) -> int:
     """``value`` as a bit width in 2..8, checked under the caller's name ``arg``."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{arg} must be an integer, got bool")
-    try:
-        b = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{arg} must be an integer, got {type(value).__name__}") from None
+    b = exact_int(value, arg)
     if not 2 <= b <= 8:
         raise InvalidConfigError(f"{arg} must be in 2..8, got {b}")
     return b

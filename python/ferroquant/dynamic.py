@@ -10,7 +10,6 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Tuple, Union
 
@@ -21,6 +20,7 @@ from ._base import Quantized, Record, check_codes, check_scales, f32_ratio, unpa
 from ._checks import (
     describe,
     exact_float,
+    exact_int,
     exact_value,
     float32_shape,
     float_for_f32,
@@ -603,12 +603,7 @@ def _size(batch: Any, k: int) -> int:
 def _total(total: Any) -> Optional[int]:
     if total is None:
         return None
-    if isinstance(total, (bool, np.bool_)):
-        raise TypeError("total must be an int or None, got bool")
-    try:
-        n = operator.index(total)
-    except TypeError:
-        raise TypeError(f"total must be an int or None, got {type(total).__name__}") from None
+    n = exact_int(total, "total", "an int or None")
     if not 0 <= n < 2**64:
         raise InvalidConfigError(f"total must be a count of values, 0 to 2**64 - 1, got {n}")
     return n

@@ -13,7 +13,6 @@ load here.
 from __future__ import annotations
 
 import math
-import operator
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -25,6 +24,7 @@ from . import _format
 from ._base import Quantized
 from ._checks import (
     describe,
+    exact_int,
     float32_shape,
     float_input,
     held,
@@ -87,12 +87,7 @@ def _f32(value: Any, arg: str, positive: bool = False) -> float:
 
 
 def _count(value: Any, arg: str) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{arg} must be an integer, got bool")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{arg} must be an integer, got {type(value).__name__}") from None
+    n = exact_int(value, arg)
     if not 0 <= n <= _MAX_USIZE:
         raise InvalidConfigError(f"{arg} must be in 0..2**64-1, got {n}")
     return n

@@ -164,20 +164,8 @@ pub fn linear_forward_from<T: Float>(
     }
     // The conversion too: a caller's flush-to-zero flags would zero subnormals.
     let _env = simd::fpenv::Pinned::new();
+    validate(w, x.len(), tokens, bias, out.len())?;
     let [out_f, in_f] = w.shape;
-    if tokens.checked_mul(in_f) != Some(x.len()) {
-        return Err(mismatch(
-            "x",
-            &format!("{tokens} x {in_f} elements"),
-            x.len().to_string(),
-        ));
-    }
-    if tokens.checked_mul(out_f) != Some(out.len()) {
-        let expected = tokens
-            .checked_mul(out_f)
-            .map_or_else(|| format!("{tokens} x {out_f}"), |n| n.to_string());
-        return Err(mismatch("out", &expected, out.len().to_string()));
-    }
     if tokens == 0 || in_f == 0 {
         return linear_forward(w, &[], tokens, bias, out);
     }
@@ -204,16 +192,15 @@ pub fn linear_forward_from<T: Float>(
     Ok(())
 }
 
-/// [`linear_forward`] on a chosen ISA (downgraded if the CPU lacks it).
-pub fn linear_forward_with(
-    isa: Isa,
+/// The checks of [`linear_forward`], in its order: the weight's codes, the
+/// scales, `x`'s length, the bias, the output's length.
+fn validate(
     w: &QuantizedWeight<'_>,
-    x: &[f32],
+    x_len: usize,
     tokens: usize,
     bias: Option<&[f32]>,
-    out: &mut [f32],
+    out_len: usize,
 ) -> Result<()> {
-    let _env = simd::fpenv::Pinned::new();
     let [out_f, in_f] = w.shape;
     let numel = out_f
         .checked_mul(in_f)
@@ -237,11 +224,11 @@ pub fn linear_forward_with(
             format!("{k} scales, {} zero points", w.zero_points.len()),
         ));
     }
-    if tokens.checked_mul(in_f) != Some(x.len()) {
+    if tokens.checked_mul(in_f) != Some(x_len) {
         return Err(mismatch(
             "x",
             &format!("{tokens} x {in_f} elements"),
-            x.len().to_string(),
+            x_len.to_string(),
         ));
     }
     if let Some(b) = bias {
@@ -261,10 +248,25 @@ pub fn linear_forward_with(
     }
     // Checked: with `in_features == 0` any token count passes the `x` check.
     let want = tokens.checked_mul(out_f);
-    if want != Some(out.len()) {
+    if want != Some(out_len) {
         let expected = want.map_or_else(|| format!("{tokens} x {out_f}"), |n| n.to_string());
-        return Err(mismatch("out", &expected, out.len().to_string()));
+        return Err(mismatch("out", &expected, out_len.to_string()));
     }
+    Ok(())
+}
+
+/// [`linear_forward`] on a chosen ISA (downgraded if the CPU lacks it).
+pub fn linear_forward_with(
+    isa: Isa,
+    w: &QuantizedWeight<'_>,
+    x: &[f32],
+    tokens: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
+    let _env = simd::fpenv::Pinned::new();
+    validate(w, x.len(), tokens, bias, out.len())?;
+    let [out_f, in_f] = w.shape;
     if simd::absmax_bits(isa, x) >= simd::F32_INF_BITS {
         let index = simd::scalar::first_non_finite(x);
         return Err(QuantError::NonFinite { arg: "x", index });
@@ -343,7 +345,7 @@ pub fn linear_forward_with(
         // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
         parallel::units_per_task(out_f, in_f).max(1)
     };
-    let work = numel.saturating_mul(tokens);
+    let work = (out_f * in_f).saturating_mul(tokens); // checked by `validate`
     parallel::run(work, |par| {
         let tasks = out_f.div_ceil(rows);
         if par && tasks > 1 {
