@@ -1832,3 +1832,39 @@ def test_smoothing_refuses_a_masked_array_with_masked_values():
     assert np.isnan(a.data[0, 1]) and a.data[0, 0] == 1.0
     w = np.ma.masked_array(np.ones((1, 2), np.float32), mask=False)
     assert fq.smooth_weights(w, np.full(2, 2.0, np.float32)).data.tolist() == [[2.0, 2.0]]
+
+
+_X64 = np.array([1.0, 1e39, 2.0])  # finite in float64, +inf in float32
+_W8 = np.ones((2, 3), np.int8)
+
+
+@pytest.mark.parametrize(
+    "arg, call",
+    [
+        ("x", lambda: fq.dynamic_quantize_int8(_X64)),
+        ("x", lambda: fq.compute_scale(_X64, 127.0)),
+        ("x2d", lambda: fq.dynamic_quantize_int8_per_row(_X64.reshape(1, 3))),
+        ("x", lambda: fq.quantize_activations(_X64.reshape(1, 3), fq.BitNetConfig())),
+        ("x", lambda: fq.quantize_ste(_X64.reshape(1, 3))),
+        ("x", lambda: fq.quantize_blockwise(_X64)),
+        ("activations", lambda: fq.compute_smooth_factors(_X64.reshape(1, 3), np.ones((2, 3)))),
+        ("w", lambda: fq.QuantizedWeights.from_f32("w", _X64)),
+        ("bias", lambda: fq.QuantizedWeights.from_f32("w", np.ones((3, 1)), bias=_X64)),
+        ("activation", lambda: fq.w8a8_matvec(_W8, np.ones(2, np.float32), _X64)),
+        ("activations", lambda: fq.w8a8_matmul(_W8, np.ones(2, np.float32), _X64.reshape(1, 3))),
+        ("x", lambda: fq.QuantizedLinear.from_linear(np.ones((2, 3), np.float32)).forward(_X64)),
+        ("bias", lambda: fq.QuantizedLinear.from_linear(np.ones((3, 2)), _X64)),
+        ("batches[1]", lambda: fq.CalibStats.collect([np.ones(2), _X64])),
+    ],
+)
+def test_a_float64_past_float32_is_named_as_such_not_as_nan_or_inf(arg, call):
+    # SPEC: a value that becomes ±inf in float32 is non-finite input. The error said
+    # the array held NaN or ±inf, which a float64 1e39 is not (two reviews).
+    with pytest.raises(fq.NonFiniteError) as e:
+        call()
+    assert str(e.value).startswith(f"{arg} holds 1e+39"), str(e.value)
+    assert "beyond float32's range" in str(e.value)
+    assert e.value.index == (3 if arg == "batches[1]" else 1)
+    # A true NaN keeps its words.
+    with pytest.raises(fq.NonFiniteError, match=r"^x holds a non-finite value \(NaN or ±inf\)"):
+        fq.dynamic_quantize_int8(np.array([1.0, np.nan]))

@@ -114,6 +114,24 @@ def float32_shape(shape: Tuple[int, ...], arg: str) -> None:
         shape_tuple(shape, arg, "float32")
 
 
+def beyond_f32(e: NonFiniteError, arr: np.ndarray) -> NonFiniteError:
+    """``e``, or, when the value it points at in the float64 ``arr`` is finite (past
+    float32's range, so ±inf in the float32 working precision), the same error
+    saying so: "holds a non-finite value (NaN or ±inf)" would not be true."""
+    i, text = e.index, str(e)
+    arg, sep, _ = text.partition(" holds a non-finite value")
+    if arr.dtype != np.float64 or i is None or not sep or not 0 <= i < arr.size:
+        return e
+    v = float(arr.flat[i])
+    if not math.isfinite(v):
+        return e
+    return NonFiniteError(
+        f"{arg} holds {v!r} at flat index {i}, beyond float32's range: the kernel works "
+        "in float32, where it is infinite (non-finite input)",
+        i,
+    )
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -21,6 +21,7 @@ from . import _ferroquant as _native
 from ._base import Quantized, Record, check_codes, first_true, unpack_int4
 from ._checks import (
     FLOAT_DTYPES,
+    beyond_f32,
     describe,
     float_input,
     held,
@@ -189,9 +190,10 @@ def _finite_f32(arr: np.ndarray, arg: str) -> np.ndarray:
     ok = np.isfinite(f)
     if not ok.all():
         index = int(np.flatnonzero(~ok.reshape(-1))[0])
-        raise NonFiniteError(
+        e = NonFiniteError(
             f"{arg} holds a non-finite value (NaN or ±inf) at flat index {index}", index
         )
+        raise beyond_f32(e, arr)
     return f
 
 
@@ -588,18 +590,21 @@ class QuantizedLinear:
         tokens = math.prod(lead)
         q = self._weight_q
         out_f, in_f = self.out_features, self.in_features
-        flat = _native.linear_forward(
-            q.data,
-            q.config.bits,
-            out_f,
-            in_f,
-            q.scales,
-            q.zero_points,
-            kernel_layout(arr).reshape(-1),
-            tokens,
-            self._bias,
-            q.dtype,
-        )
+        try:
+            flat = _native.linear_forward(
+                q.data,
+                q.config.bits,
+                out_f,
+                in_f,
+                q.scales,
+                q.zero_points,
+                kernel_layout(arr).reshape(-1),
+                tokens,
+                self._bias,
+                q.dtype,
+            )
+        except NonFiniteError as e:
+            raise beyond_f32(e, arr) if str(e).startswith("x ") else e from None
         return flat.reshape(*lead, out_f)
 
     def __call__(self, x: Any) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 from . import _ferroquant as _native
 from ._base import Quantized, Record, check_scales, f32_ratio
 from ._checks import (
+    beyond_f32,
     describe,
     exact_int,
     float32_shape,
@@ -26,7 +27,7 @@ from ._checks import (
     shape_tuple,
     source_dtype,
 )
-from .errors import InvalidConfigError, ShapeMismatchError
+from .errors import InvalidConfigError, NonFiniteError, ShapeMismatchError
 
 __all__ = [
     "BitNetConfig",
@@ -204,7 +205,10 @@ def quantize_activations(x: Any, config: BitNetConfig = BitNetConfig()) -> Quant
         NonFiniteError: ``x`` holds NaN or an infinity.
     """
     arr, groups = _groups(x, config)
-    data, scales = _native.quantize_bitnet(arr, groups, config.activation_bits)
+    try:
+        data, scales = _native.quantize_bitnet(arr, groups, config.activation_bits)
+    except NonFiniteError as e:
+        raise beyond_f32(e, arr) from None
     return QuantizedActivations._trusted(
         data=readonly(data.reshape(arr.shape)),
         scales=readonly(scales),
@@ -233,5 +237,8 @@ def quantize_ste(x: Any, config: BitNetConfig = BitNetConfig()) -> np.ndarray:
     Raises: as :func:`quantize_activations`.
     """
     arr, groups = _groups(x, config)
-    flat = _native.fake_quantize_bitnet(arr, groups, config.activation_bits)
+    try:
+        flat = _native.fake_quantize_bitnet(arr, groups, config.activation_bits)
+    except NonFiniteError as e:
+        raise beyond_f32(e, arr) from None
     return flat.reshape(arr.shape)

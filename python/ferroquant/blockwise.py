@@ -16,6 +16,7 @@ import numpy as np
 from . import _ferroquant as _native
 from ._base import Quantized, check_scales, f32_ratio
 from ._checks import (
+    beyond_f32,
     describe,
     float32_shape,
     float_input,
@@ -28,7 +29,7 @@ from ._checks import (
     warn,
 )
 from ._checks import scale_dtype as _scale_dtype
-from .errors import InvalidConfigError, PrecisionWarning, ShapeMismatchError
+from .errors import InvalidConfigError, NonFiniteError, PrecisionWarning, ShapeMismatchError
 
 __all__ = ["BlockwiseQuantized", "dequantize_blockwise", "quantize_blockwise"]
 
@@ -148,7 +149,10 @@ def quantize_blockwise(
     float32_shape(arr.shape, "x")
     bs = positive_int(block_size, "block_size")
     sdt = _scale_dtype(scale_dtype)
-    codes, scales, lossy = _native.quantize_blockwise(arr, bs, sdt == np.float32)
+    try:
+        codes, scales, lossy = _native.quantize_blockwise(arr, bs, sdt == np.float32)
+    except NonFiniteError as e:
+        raise beyond_f32(e, arr) from None
     if lossy:
         warn(
             f"{lossy} of {scales.size} blocks have max |x| below ~7.8e-3, so their float16 "

@@ -18,6 +18,7 @@ import numpy as np
 from . import _ferroquant as _native
 from ._base import Quantized, Record, check_codes, check_scales, f32_ratio, unpack_int4
 from ._checks import (
+    beyond_f32,
     describe,
     exact_float,
     exact_int,
@@ -260,7 +261,10 @@ def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
             f"clip_val must be finite and > 0 in float32, got {short_repr(clip_val)}"
         )
     arr = float_input(x, "x")
-    return float(_native.compute_scale(arr, clip, p))
+    try:
+        return float(_native.compute_scale(arr, clip, p))
+    except NonFiniteError as e:
+        raise beyond_f32(e, arr) from None
 
 
 def _quantize(x: Any, fmt: str, mode: Any, arg: str = "x") -> DynQuantTensor:
@@ -272,9 +276,8 @@ def _quantize(x: Any, fmt: str, mode: Any, arg: str = "x") -> DynQuantTensor:
     try:
         data, scales = _native.quantize_dynamic(arr, fmt, p)
     except NonFiniteError as e:
-        if arg == "x":
-            raise
-        raise renamed(e, "x", arg) from None
+        e = beyond_f32(e, arr)
+        raise (e if arg == "x" else renamed(e, "x", arg)) from None
     return DynQuantTensor._trusted(
         data=readonly(data),
         scales=readonly(scales),
@@ -402,7 +405,10 @@ def compute_smooth_factors(
             f"got {w.shape[1]}"
         )
     alpha, eps = _native.round_f32(config.alpha), _native.round_f32(config.epsilon)
-    return _native.compute_smooth_factors(a, w, a.shape[1], alpha, eps)  # the caller's
+    try:
+        return _native.compute_smooth_factors(a, w, a.shape[1], alpha, eps)  # the caller's
+    except NonFiniteError as e:
+        raise beyond_f32(e, a if str(e).startswith("activations") else w) from None
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
@@ -637,9 +643,15 @@ def _collect(batches: Any, total: Any = None) -> CalibStats:
                 acc.push(arr)
             except NonFiniteError as e:
                 i = e.index or 0
+                v = float(arr.flat[i - before]) if 0 <= i - before < arr.size else math.nan
+                what = (
+                    f"{v!r}, beyond float32's range (infinite in the float32 working precision)"
+                    if math.isfinite(v)
+                    else "a non-finite value (NaN or ±inf)"
+                )
                 raise NonFiniteError(
-                    f"batches[{k}] holds a non-finite value (NaN or ±inf) at flat index "
-                    f"{i - before} (index {i} over all batches)",
+                    f"batches[{k}] holds {what} at flat index {i - before} "
+                    f"(index {i} over all batches)",
                     i,
                 ) from None
     except BaseException:

@@ -23,6 +23,7 @@ from . import _ferroquant as _native
 from . import _format
 from ._base import Quantized
 from ._checks import (
+    beyond_f32,
     describe,
     exact_int,
     float32_shape,
@@ -255,8 +256,15 @@ class QuantizedWeights(Quantized):
         s = None if scale is None else _f32(scale, "scale", positive=True)
         b = None
         if bias is not None:
-            b = _check_bias(to_float32(float_input(bias, "bias")), dims)
-        codes, s_used = _native.ptq_quantize(arr, s)
+            given = float_input(bias, "bias")
+            try:
+                b = _check_bias(to_float32(given), dims)
+            except NonFiniteError as e:
+                raise beyond_f32(e, given) from None
+        try:
+            codes, s_used = _native.ptq_quantize(arr, s)
+        except NonFiniteError as e:
+            raise beyond_f32(e, arr) from None
         return cls._trusted(
             name=name,
             weights_i8=readonly(codes),

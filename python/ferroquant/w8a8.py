@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from . import _ferroquant as _native
-from ._checks import describe, float_input, to_float32
-from .errors import EmptyInputError, ShapeMismatchError
+from ._checks import beyond_f32, describe, float_input, to_float32
+from .errors import EmptyInputError, NonFiniteError, ShapeMismatchError
 
 __all__ = ["w8a8_matmul", "w8a8_matvec"]
 
@@ -70,7 +70,10 @@ def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarr
         raise ShapeMismatchError(
             f"activation: expected shape ({in_f},) (in_features), got {x.shape}"
         )
-    return _native.w8a8_product(w, out_f, in_f, s, x, None)
+    try:
+        return _native.w8a8_product(w, out_f, in_f, s, x, None)
+    except NonFiniteError as e:
+        raise beyond_f32(e, x) from None
 
 
 def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndarray:
@@ -95,5 +98,8 @@ def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndar
     if x.ndim != 2 or x.shape[1] != in_f:
         raise ShapeMismatchError(f"activations: expected shape (tokens, {in_f}), got {x.shape}")
     tokens = x.shape[0]
-    flat = _native.w8a8_product(w, out_f, in_f, s, x, tokens)
+    try:
+        flat = _native.w8a8_product(w, out_f, in_f, s, x, tokens)
+    except NonFiniteError as e:
+        raise beyond_f32(e, x) from None
     return flat.reshape(tokens, out_f)
