@@ -736,12 +736,20 @@ pub fn quantization_mae_codes<T: Float>(
     scales: &[f32],
 ) -> Result<f32> {
     let _env = crate::simd::fpenv::Pinned::new();
+    // As `dequantize_groups`: a group of no elements is a config error, and
+    // no values take any number of scales (per tensor keeps one, 0.0).
+    if group == 0 && len > 0 {
+        return Err(QuantError::invalid(
+            "group",
+            format!("expected at least 1 element a group for {len} values, got 0"),
+        ));
+    }
     let groups = if len == 0 {
-        0
+        scales.len()
     } else {
-        len.div_ceil(group.max(1))
+        len.div_ceil(group)
     };
-    if group == 0 && len > 0 || scales.len() < groups {
+    if scales.len() != groups {
         return Err(QuantError::len_mismatch("scales", groups, scales.len()));
     }
     let n = original.len().min(len);
@@ -889,6 +897,27 @@ mod mae_tests {
         assert_eq!(out, [0.0]);
         // No values: no group size needed.
         assert!(dequantize_groups(DynCodes::Int8(&[]), 0, &[], &mut []).is_ok());
+    }
+
+    #[test]
+    fn mae_of_codes_checks_group_and_scales_as_dequantize_does() {
+        // A review: group 0 was "scales: expected length 1, got length 1", and
+        // more scales than groups passed.
+        let err = quantization_mae_codes(&[1.0f32], DynCodes::Int8(&[1]), 1, 0, &[1.0]);
+        assert!(
+            matches!(err, Err(QuantError::InvalidConfig { arg: "group", .. })),
+            "{err:?}"
+        );
+        let err = quantization_mae_codes(&[1.0f32; 2], DynCodes::Int8(&[1, 1]), 2, 2, &[1.0; 3]);
+        assert!(
+            matches!(err, Err(QuantError::ShapeMismatch { arg: "scales", .. })),
+            "{err:?}"
+        );
+        // No values keep any scales (per tensor keeps one).
+        assert_eq!(
+            quantization_mae_codes(&[] as &[f32], DynCodes::Int8(&[]), 0, 0, &[0.0]).ok(),
+            Some(0.0)
+        );
     }
 
     #[test]

@@ -530,12 +530,12 @@ impl QuantizedModel {
 
     /// Write [`to_json`](Self::to_json)'s bytes to `path` (the seed's `save`).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let file = std::fs::File::create(path)?;
-        let mut w = std::io::BufWriter::new(file);
+        // The JSON first: a model `to_json` refuses leaves the file as it was.
+        let mut bytes = Vec::new();
         self.as_ref()
-            .write_json(&mut w)
+            .write_json(&mut bytes)
             .map_err(std::io::Error::other)?;
-        w.flush()
+        std::fs::write(path, bytes)
     }
 
     /// Read a model [`save`](Self::save) (or the seed) wrote; malformed
@@ -574,6 +574,25 @@ pub fn quantize_model_weights(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_that_cannot_be_saved_leaves_the_file_as_it_was() -> Result<()> {
+        // A review: save created (emptied) the file before the JSON was refused.
+        let mut m = quantize_model_weights(
+            "{}".into(),
+            [("l".to_string(), vec![1.0f32, -2.0], vec![2], None)],
+        )?;
+        let path = std::env::temp_dir().join(format!("fq-save-{}.json", std::process::id()));
+        m.save(&path)
+            .map_err(|e| QuantError::Format { msg: e.to_string() })?;
+        let before = std::fs::read(&path).map_err(|e| QuantError::Format { msg: e.to_string() })?;
+        m.layers[0].scale = f32::NAN;
+        assert!(m.save(&path).is_err());
+        let after = std::fs::read(&path).map_err(|e| QuantError::Format { msg: e.to_string() })?;
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(after, before);
+        Ok(())
+    }
 
     #[test]
     fn scale_floor_and_supplied_scale() -> Result<()> {

@@ -165,9 +165,11 @@ pub fn w8a8_matmul_with<T: Float>(
             codes.len(),
         ));
     }
-    let n_out = tokens * out_f;
-    if out.len() != n_out {
-        return Err(mismatch("out", n_out.to_string(), out.len()));
+    // Checked: `tokens * out_f` past usize would wrap to a small length.
+    let n_out = tokens.checked_mul(out_f);
+    if n_out != Some(out.len()) {
+        let expected = n_out.map_or_else(|| format!("{tokens} x {out_f}"), |n| n.to_string());
+        return Err(mismatch("out", expected, out.len()));
     }
     if let Some(i) = weight_scales.iter().position(|s| !s.is_finite()) {
         return Err(QuantError::NonFinite {
