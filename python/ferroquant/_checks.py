@@ -114,13 +114,16 @@ def float32_shape(shape: Tuple[int, ...], arg: str) -> None:
         shape_tuple(shape, arg, "float32")
 
 
-def beyond_f32(e: NonFiniteError, arr: np.ndarray) -> NonFiniteError:
+def beyond_f32(e: NonFiniteError, arr: np.ndarray, only: Optional[str] = None) -> NonFiniteError:
     """``e``, or, when the value it points at in the float64 ``arr`` is finite (past
     float32's range, so ±inf in the float32 working precision), the same error
-    saying so: "holds a non-finite value (NaN or ±inf)" would not be true."""
+    saying so: "holds a non-finite value (NaN or ±inf)" would not be true. With
+    ``only``, ``e`` must name that argument (``arr`` is that argument's array)."""
     i, text = e.index, str(e)
     arg, sep, _ = text.partition(" holds a non-finite value")
     if arr.dtype != np.float64 or i is None or not sep or not 0 <= i < arr.size:
+        return e
+    if only is not None and arg != only:
         return e
     v = float(arr.flat[i])
     if not math.isfinite(v):

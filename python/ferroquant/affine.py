@@ -604,7 +604,7 @@ class QuantizedLinear:
                 q.dtype,
             )
         except NonFiniteError as e:
-            raise beyond_f32(e, arr) if str(e).startswith("x ") else e from None
+            raise beyond_f32(e, arr, "x") from None
         return flat.reshape(*lead, out_f)
 
     def __call__(self, x: Any) -> np.ndarray:

@@ -408,7 +408,7 @@ def compute_smooth_factors(
     try:
         return _native.compute_smooth_factors(a, w, a.shape[1], alpha, eps)  # the caller's
     except NonFiniteError as e:
-        raise beyond_f32(e, a if str(e).startswith("activations") else w) from None
+        raise beyond_f32(beyond_f32(e, a, "activations"), w, "weights") from None
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
