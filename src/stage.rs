@@ -7,7 +7,7 @@
 //! primitive that reads it.
 
 use crate::element::Float;
-use crate::simd::{self, Affine, Isa, Range, Store};
+use crate::simd::{self, Affine, Isa, Range, RowsOut, Store};
 
 /// Elements per stage: 16 KiB of f32, so a staged run stays in L1 between the
 /// conversion and the passes that read it (64 KiB stages made blockwise f16
@@ -133,29 +133,29 @@ pub fn magnitude_range<T: Float>(
     Ok(Some((-a, a)))
 }
 
-/// Affine codes of a run into `out` (same length), computed in f64; `store`
-/// is a hint for f32 and staged input (see [`Store`]). f32 input brings
-/// `ahead` (the next run, or nothing) toward the core meanwhile.
+/// Affine codes of a run into `out` from byte `at` on, computed in f64 (the
+/// output's store applies to f32 and staged input). f32 input brings `ahead`
+/// (the next run, or nothing) toward the core meanwhile.
 pub fn affine_codes<T: Float>(
     isa: Isa,
     x: &[T],
     a: Affine,
-    out: &mut [i8],
+    out: &mut RowsOut<'_>,
+    at: usize,
     scratch: &mut Scratch,
-    store: Store,
     ahead: &[T],
 ) {
     if let Some(xf) = T::as_f64_slice(x) {
-        return simd::affine_quantize_f64(isa, xf, a, out);
+        return out.affine_quantize_f64(isa, at, xf, a);
     }
     if let Some(xf) = T::as_f32_slice(x) {
         let ahead = T::as_f32_slice(ahead).unwrap_or(&[]);
-        return simd::affine_quantize_f32_ahead(isa, xf, a, out, store, ahead);
+        return out.affine_quantize_f32_ahead(isa, at, xf, a, ahead);
     }
-    for (xs, os) in x.chunks(STAGE).zip(out.chunks_mut(STAGE)) {
+    for (k, xs) in x.chunks(STAGE).enumerate() {
         let st = scratch.f32s(xs.len());
         T::convert_to_f32(isa, xs, st);
-        simd::affine_quantize_f32(isa, st, a, os, store);
+        out.affine_quantize_f32_ahead(isa, at + k * STAGE, st, a, &[]);
     }
 }
 

@@ -39,6 +39,44 @@ def test_results_do_not_depend_on_thread_count(restore_threads, rng, dtype):
     assert results[0] == results[1] == results[2]
 
 
+def test_streamed_outputs_match_the_reference_and_the_pool(restore_threads, rng):
+    """Outputs of 8 MiB or more take streaming stores on one thread (fenced once
+    per call, not per row) and cached ones on the pool: both are bit-identical,
+    and equal to the NumPy ports. Rows of 4100 values, so each row's codes start
+    at a different offset in a cache line and every row has a masked head."""
+    from ferroquant._reference import affine as ref_affine
+    from ferroquant._reference import dynamic as ref_dynamic
+
+    x = (rng.standard_normal((2049, 4100)) * 3).astype(np.float32)
+    x[:, 7] *= 40  # outlier channels, as real activations have
+    configs = [
+        fq.QuantConfig.int8_per_channel(),
+        fq.QuantConfig.int8_per_channel().asymmetric(),
+        fq.QuantConfig.int8(),
+    ]
+    runs = []
+    for n in (1, 2):
+        fq.set_num_threads(n)
+        row = fq.dynamic_quantize_int8_per_row(x)
+        dyn = fq.dynamic_quantize_int8(x)
+        runs.append([row, dyn] + [fq.quantize(x, c) for c in configs])
+    assert runs[0] == runs[1]
+    row, dyn, pc, pca, pt = runs[0]
+    picks = [0, 1, 2, 1023, 2047, 2048]
+    codes, scales = ref_dynamic.dynamic_quantize(x[picks], "int8_per_row")
+    np.testing.assert_array_equal(row.values()[picks].ravel(), codes)
+    np.testing.assert_array_equal(np.asarray(row.scales)[picks], scales)
+    codes, scales = ref_dynamic.dynamic_quantize(x, "int8_per_tensor")
+    np.testing.assert_array_equal(dyn.values().ravel(), codes)
+    for q, mode in ((pc, "symmetric"), (pca, "asymmetric")):
+        codes, scales, zps = ref_affine.quantize_affine(x[picks], 8, mode, "per_channel")
+        np.testing.assert_array_equal(np.asarray(q.data).reshape(x.shape)[picks].ravel(), codes)
+        np.testing.assert_array_equal(np.asarray(q.scales)[picks], scales)
+        np.testing.assert_array_equal(np.asarray(q.zero_points)[picks], zps)
+    codes, scales, zps = ref_affine.quantize_affine(x, 8, "symmetric", "per_tensor")
+    np.testing.assert_array_equal(np.asarray(pt.data).ravel(), codes)
+
+
 def test_kernels_release_the_gil(restore_threads):
     """While one thread sits in a long kernel call, a pure-Python thread keeps running.
 

@@ -526,12 +526,12 @@ fn codes_run<T: Float>(isa: Isa, x: &[T], a: Affine, codes: &mut CodesMut<'_>, s
     // A span at a time, the next one prefetched meanwhile (spans are even, so
     // int4 pairs never straddle two).
     match codes {
-        CodesMut::Int8(c) => {
+        // One fence for all spans' streaming stores, when the scope ends.
+        CodesMut::Int8(c) => simd::rows_out(c, store, |o| {
             for (off, xs, ahead) in stage::spans_ahead(x) {
-                let cs = &mut c[off..off + xs.len()];
-                stage::affine_codes(isa, xs, a, cs, &mut scratch, store, ahead);
+                stage::affine_codes(isa, xs, a, o, off, &mut scratch, ahead);
             }
-        }
+        }),
         CodesMut::Int4(c) => {
             let mut w = Int4Writer::new(c, 0);
             for (_, xs, ahead) in stage::spans_ahead(x) {
@@ -561,7 +561,9 @@ fn int4_run<T: Float>(
     for xs in x.chunks(STAGE) {
         let cs = &mut codes[..xs.len()];
         // Codes go to an L1 stage, packed from there.
-        stage::affine_codes(isa, xs, a, cs, scratch, Store::Cached, &[]);
+        simd::rows_out(cs, Store::Cached, |o| {
+            stage::affine_codes(isa, xs, a, o, 0, scratch, &[]);
+        });
         w.write(isa, cs);
     }
     scratch.codes = codes;
@@ -600,31 +602,38 @@ fn per_channel<T: Float>(
             return fused_rows(isa, xf, cs, config, out, sc, zs, store).map_err(|i| t0 * cs + i);
         }
         let mut scratch = Scratch::new();
-        let mut out = out;
-        for (r, xr) in xs.chunks(cs).enumerate() {
-            // The next row streams in from memory while this one is coded from
-            // cache, so its range pass reads it from L2.
-            let next = xs
-                .get((r + 1) * cs..((r + 2) * cs).min(xs.len()))
-                .unwrap_or(&[]);
-            let found = match config.mode {
-                // max(|min|, |max|) is all the symmetric scale reads.
-                Mode::Symmetric => stage::magnitude_range(isa, xr, &mut scratch),
-                Mode::Asymmetric => stage::range(isa, xr, &mut scratch),
-            }
-            .map_err(|i| (t0 + r) * cs + i)?;
-            let (scale, zp) = scale_zero_point(found, config);
-            (sc[r], zs[r]) = (scale, zp);
-            let a = affine(config, found, scale, zp);
-            match &mut out {
-                TaskOut::Int8(c) => {
-                    let cr = &mut c[r * cs..(r + 1) * cs];
-                    stage::affine_codes(isa, xr, a, cr, &mut scratch, store, next)
+        // Each row's range and parameters, then its codes (`code`: row, values,
+        // map, the next row to bring in meanwhile).
+        let mut rows = |code: &mut CodeRow<'_, T>| {
+            for (r, xr) in xs.chunks(cs).enumerate() {
+                // The next row streams in from memory while this one is coded
+                // from cache, so its range pass reads it from L2.
+                let next = xs
+                    .get((r + 1) * cs..((r + 2) * cs).min(xs.len()))
+                    .unwrap_or(&[]);
+                let found = match config.mode {
+                    // max(|min|, |max|) is all the symmetric scale reads.
+                    Mode::Symmetric => stage::magnitude_range(isa, xr, &mut scratch),
+                    Mode::Asymmetric => stage::range(isa, xr, &mut scratch),
                 }
-                TaskOut::Int4(w) => int4_run(isa, xr, a, w, &mut scratch, next),
+                .map_err(|i| (t0 + r) * cs + i)?;
+                let (scale, zp) = scale_zero_point(found, config);
+                (sc[r], zs[r]) = (scale, zp);
+                code(r, xr, affine(config, found, scale, zp), next, &mut scratch);
+            }
+            Ok(())
+        };
+        match out {
+            // One fence for all rows' streaming stores, when the scope ends.
+            TaskOut::Int8(c) => simd::rows_out(c, store, |o| {
+                rows(&mut |r, xr, a, next, s| {
+                    stage::affine_codes(isa, xr, a, o, r * cs, s, next);
+                })
+            }),
+            TaskOut::Int4(mut w) => {
+                rows(&mut |_, xr, a, next, s| int4_run(isa, xr, a, &mut w, s, next))
             }
         }
-        Ok(())
     };
     parallel::run(n, |par| {
         if !par {
@@ -682,7 +691,7 @@ fn fused_rows(
     x: &[f32],
     cs: usize,
     config: &QuantConfig,
-    mut out: TaskOut<'_>,
+    out: TaskOut<'_>,
     scales: &mut [f64],
     zero_points: &mut [f64],
     store: Store,
@@ -691,37 +700,39 @@ fn fused_rows(
     let row = |r: usize| &x[(r * cs).min(n)..((r + 1) * cs).min(n)];
     // max(|min|, |max|) is all the symmetric scale reads.
     let magnitude = config.mode == Mode::Symmetric;
-    let mut found = simd::row_range(isa, row(0), magnitude);
-    for (r, (sc, zs)) in scales.iter_mut().zip(zero_points.iter_mut()).enumerate() {
-        if found.non_finite {
-            return Err(r * cs + simd::scalar::first_non_finite(row(r)));
+    let first = simd::row_range(isa, row(0), magnitude);
+    // Row r's parameters from its range, then its codes beside row r + 1's
+    // range (`code`); `Err` at the first non-finite row.
+    let mut rows = |code: &mut dyn FnMut(usize, Affine) -> simd::Range<f32>| {
+        let mut found = first;
+        for (r, (sc, zs)) in scales.iter_mut().zip(zero_points.iter_mut()).enumerate() {
+            if found.non_finite {
+                return Err(r * cs + simd::scalar::first_non_finite(row(r)));
+            }
+            let range = Some((found.min as f64, found.max as f64));
+            let (scale, zp) = scale_zero_point(range, config);
+            (*sc, *zs) = (scale, zp);
+            found = code(r, affine(config, range, scale, zp));
         }
-        let range = Some((found.min as f64, found.max as f64));
-        let (scale, zp) = scale_zero_point(range, config);
-        (*sc, *zs) = (scale, zp);
-        let a = affine(config, range, scale, zp);
-        let (next, ahead) = (row(r + 1), row(r + 2));
-        found = match &mut out {
-            TaskOut::Int8(c) => {
-                let cr = &mut c[r * cs..(r + 1) * cs];
-                simd::affine_quantize_f32_then_range(
-                    isa,
-                    row(r),
-                    a,
-                    cr,
-                    store,
-                    next,
-                    ahead,
-                    magnitude,
-                )
-            }
-            TaskOut::Int4(w) => {
-                w.write_affine_f32_then_range(isa, row(r), a, next, ahead, magnitude)
-            }
-        };
+        Ok(())
+    };
+    match out {
+        // One fence for all rows' streaming stores, when the scope ends.
+        TaskOut::Int8(c) => simd::rows_out(c, store, |o| {
+            rows(&mut |r, a| {
+                let (next, ahead) = (row(r + 1), row(r + 2));
+                o.affine_quantize_f32_then_range(isa, r * cs, row(r), a, next, ahead, magnitude)
+            })
+        }),
+        TaskOut::Int4(mut w) => rows(&mut |r, a| {
+            w.write_affine_f32_then_range(isa, row(r), a, row(r + 1), row(r + 2), magnitude)
+        }),
     }
-    Ok(())
 }
+
+/// Codes one row of a per-channel task: its index, values, map, and the
+/// next row to bring in meanwhile.
+type CodeRow<'c, T> = dyn FnMut(usize, &[T], Affine, &[T], &mut Scratch) + 'c;
 
 /// A task's share of the output codes.
 enum TaskOut<'a> {

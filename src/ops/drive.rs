@@ -227,31 +227,25 @@ fn quantize_rows_fused(
     let bs = plan.bs;
     let row = |r: usize| &x[(r * bs).min(x.len())..((r + 1) * bs).min(x.len())];
     let mut m = simd::absmax_bits_ahead(plan.isa, row(0), row(1));
-    for (r, (cb, s)) in codes.chunks_mut(bs).zip(scales.iter_mut()).enumerate() {
-        if m >= F32_INF_BITS {
-            return Err(r * bs + simd::scalar::first_non_finite(row(r)));
+    // One fence for all rows' streaming stores, when the scope ends.
+    simd::rows_out(codes, plan.store, |out| {
+        for (r, s) in scales.iter_mut().enumerate() {
+            if m >= F32_INF_BITS {
+                return Err(r * bs + simd::scalar::first_non_finite(row(r)));
+            }
+            let scale = plan.rule.scale(f32::from_bits(m));
+            *s = scale;
+            let (next, ahead) = (row(r + 1), row(r + 2));
+            m = if scale > 0.0 {
+                let clip = plan.rule.clip;
+                out.quantize_scaled_then_absmax(plan.isa, r * bs, row(r), scale, clip, next, ahead)
+            } else {
+                out.fill(r * bs, bs, 0);
+                simd::absmax_bits_ahead(plan.isa, next, ahead)
+            };
         }
-        let scale = plan.rule.scale(f32::from_bits(m));
-        *s = scale;
-        let (next, ahead) = (row(r + 1), row(r + 2));
-        m = if scale > 0.0 {
-            let clip = plan.rule.clip;
-            simd::quantize_scaled_then_absmax(
-                plan.isa,
-                row(r),
-                scale,
-                clip,
-                cb,
-                plan.store,
-                next,
-                ahead,
-            )
-        } else {
-            cb.fill(0);
-            simd::absmax_bits_ahead(plan.isa, next, ahead)
-        };
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Quantize one group of blocks to codes and f32 scales; `Err(i)` is the

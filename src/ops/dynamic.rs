@@ -446,17 +446,19 @@ fn codes_with_scale<T: Float>(
                 c.fill(0);
                 return;
             }
-            if let Some(xf) = T::as_f32_slice(x) {
-                // A span at a time, the next one prefetched meanwhile.
-                for (off, xs, ahead) in crate::stage::spans_ahead(xf) {
-                    let cs = &mut c[off..off + xs.len()];
-                    simd::quantize_scaled_ahead(isa, xs, scale, clip, cs, store, ahead);
+            // One fence for all spans' streaming stores, when the scope ends.
+            simd::rows_out(c, store, |o| {
+                if let Some(xf) = T::as_f32_slice(x) {
+                    // A span at a time, the next one prefetched meanwhile.
+                    for (off, xs, ahead) in crate::stage::spans_ahead(xf) {
+                        o.quantize_scaled_ahead(isa, off, xs, scale, clip, ahead);
+                    }
+                    return;
                 }
-                return;
-            }
-            let _ = for_each_stage(isa, x, stage, |off, xs| {
-                simd::quantize_scaled(isa, xs, scale, clip, &mut c[off..off + xs.len()], store);
-                Ok(())
+                let _ = for_each_stage(isa, x, stage, |off, xs| {
+                    o.quantize_scaled_ahead(isa, off, xs, scale, clip, &[]);
+                    Ok(())
+                });
             });
         }
         GroupOut::Int4(w) => {

@@ -55,6 +55,17 @@ impl Lines {
             self.one();
         }
     }
+
+    /// Prefetch every line left: after a loop that a head or a short run
+    /// stopped before the end of `ahead`, so the last lines of the row after
+    /// are not read on demand, one memory latency a row.
+    #[inline(always)]
+    unsafe fn rest(&mut self) {
+        while self.next < self.end {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { self.one() };
+        }
+    }
 }
 
 /// `clamp(round_half_away(v / s), -127, 127)` as i32 lanes (see avx512::quant16).
@@ -292,10 +303,9 @@ unsafe fn scaled_run<const STREAM: bool>(
     let mut ahead = Lines::new(ahead);
     let mut xc = x.chunks_exact(32);
     let mut oc = out.chunks_exact_mut(32);
-    let streamed = STREAM && xc.len() > 0;
     // SAFETY: the caller runs with AVX2; 32 floats read and 32 bytes written
     // per full chunk; streamed chunks are 32-byte aligned (the head aligned
-    // `out`, chunks are 32 bytes) and fenced before returning. Prefetches
+    // `out`, chunks are 32 bytes) and left unfenced (the Kernels contract allows it). Prefetches
     // only name addresses inside `ahead` (two lines for every 32 values
     // coded: the same rate).
     unsafe {
@@ -306,9 +316,7 @@ unsafe fn scaled_run<const STREAM: bool>(
             let q = lanes.codes32(c.as_ptr());
             store32(o.as_mut_ptr(), q, STREAM);
         }
-        if streamed {
-            _mm_sfence();
-        }
+        ahead.rest();
         quantize_scaled_short(xc.remainder(), scale, clip, oc.into_remainder());
     }
 }
@@ -321,7 +329,9 @@ const REDO_STEPS: usize = 256;
 /// 32 values of `x` (from cache) into `out`, folds 32 values of `next`
 /// (streaming in from memory) into the max of |next|'s bits, and prefetches
 /// two lines of `ahead`; returns that max. Runs over the whole steps that
-/// `x`, `out` and `next` all hold, [`REDO_STEPS`] at a time.
+/// `x`, `out` and `next` all hold, [`REDO_STEPS`] at a time. Streamed codes
+/// are left unfenced: the caller fences (the Kernels contract of
+/// `quantize_scaled_then_absmax`).
 #[inline(always)]
 unsafe fn fused_run<const STREAM: bool>(
     x: &[f32],
@@ -336,7 +346,7 @@ unsafe fn fused_run<const STREAM: bool>(
     let mut m = 0;
     let mut block = 0;
     // SAFETY: the caller runs with AVX2 and, when `STREAM`, 32-byte aligned
-    // `out` (fenced here before returning); a block of `n` steps from step
+    // `out` (left unfenced for the caller); a block of `n` steps from step
     // `block` reads floats `32 · block` to `32 · (block + n)` of `x` and
     // `next` and writes those bytes of `out`, all below `32 · steps`;
     // prefetches only name addresses inside `ahead`.
@@ -346,9 +356,6 @@ unsafe fn fused_run<const STREAM: bool>(
             let (xb, ob, nb) = (xp.add(32 * block), op.add(32 * block), np.add(32 * block));
             m = m.max(fused_block::<STREAM>(xb, ob, nb, n, &mut lines, lanes));
             block += n;
-        }
-        if STREAM && steps > 0 {
-            _mm_sfence();
         }
     }
     m
@@ -835,6 +842,7 @@ unsafe fn affine_codes_beside(
         let f = fast.as_ref();
         let (xs, os) = (&mut xc, &mut oc);
         shortcut_instance!(affine32_run, f, xs, os, &l, f, &mut ahead, beside);
+        ahead.rest();
         let (x, out) = (xc.remainder(), oc.into_remainder());
         let mut xc = x.chunks_exact(8);
         let mut oc = out.chunks_exact_mut(8);
@@ -1691,9 +1699,10 @@ impl Kernels for Avx2 {
         };
         // SAFETY: AVX2 per the Kernels contract (this tier's own kernels).
         unsafe {
+            Lines::new(arest).rest();
             Self::quantize_scaled_ahead(xrest, scale, clip, orest, store, &[]);
             let m = m.max(Scalar::absmax_bits(nh));
-            m.max(Self::absmax_bits_ahead(nrest, arest))
+            m.max(Self::absmax_bits(nrest))
         }
     }
 
@@ -1987,6 +1996,7 @@ impl Kernels for Avx2 {
             let f = fast.as_ref();
             let (xs, os) = (&mut xc, &mut oc);
             shortcut_instance!(int4_32_run, f, xs, os, &l, f, &mut ahead);
+            ahead.rest();
         }
         let rest = xc.remainder();
         let mut codes = [0i8; 32];

@@ -820,6 +820,73 @@ fn codes_fused_with_the_next_rows_range_match_scalar() {
     }
 }
 
+/// Rows coded one after another into one `RowsOut`, as the per-channel
+/// driver does: streamed rows share one fence at the end of the scope. Rows
+/// with and without tails, the output at every offset in a line, both range
+/// forms: every tier gives the scalar codes and next-row ranges.
+#[test]
+fn rows_coded_in_one_scope_match_scalar() {
+    let a = Affine {
+        inv: 1.0 / 0.0371,
+        zp: -3.0,
+        qmin: -128.0,
+        qmax: 127.0,
+        max_abs: f64::INFINITY,
+    };
+    let bits = |r: simd::Range<f32>| (r.min.to_bits(), r.max.to_bits(), r.non_finite);
+    for isa in Isa::supported() {
+        for len in [64usize, 100, 257, 1000] {
+            let rows = 5;
+            let x: Vec<f32> = adversarial_f64((rows + 1) * len, len as u64)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            let row = |r: usize| &x[r * len..(r + 1) * len];
+            let mut want = vec![0i8; rows * len];
+            for r in 0..rows {
+                let cs = &mut want[r * len..(r + 1) * len];
+                simd::affine_quantize_f32(Isa::Scalar, row(r), a, cs, Store::Cached);
+            }
+            for magnitude in [false, true] {
+                let want_r: Vec<_> = (1..=rows)
+                    .map(|r| bits(simd::row_range(Isa::Scalar, row(r), magnitude)))
+                    .collect();
+                for off in [0usize, 3, 40] {
+                    for st in [Store::Cached, Store::Streaming] {
+                        let mut buf = vec![0x55i8; off + rows * len + 64];
+                        let out = &mut buf[off..off + rows * len];
+                        let got_r: Vec<_> = simd::rows_out(out, st, |o| {
+                            (0..rows)
+                                .map(|r| {
+                                    let ahead = &x[((r + 2) * len).min(x.len())..];
+                                    let (at, next) = (r * len, row(r + 1));
+                                    let f = o.affine_quantize_f32_then_range(
+                                        isa,
+                                        at,
+                                        row(r),
+                                        a,
+                                        next,
+                                        ahead,
+                                        magnitude,
+                                    );
+                                    bits(f)
+                                })
+                                .collect()
+                        });
+                        let what = format!("{isa:?} len {len} off {off} {st:?} {magnitude}");
+                        assert_eq!(&buf[off..off + rows * len], &want[..], "{what}");
+                        assert!(buf[..off]
+                            .iter()
+                            .chain(&buf[off + rows * len..])
+                            .all(|&b| b == 0x55));
+                        assert_eq!(got_r, want_r, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Per-channel rows long enough for the fused loop's steps (64 values) and
 /// its tails, in every dtype the driver reads as f32 or stages: every tier
 /// equals scalar, and a NaN in any row reports the same first index.

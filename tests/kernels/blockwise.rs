@@ -329,6 +329,84 @@ fn fused_codes_and_next_max_match_scalar() {
     }
 }
 
+/// Rows coded one after another into one `RowsOut`, as the per-row driver
+/// does: streamed rows share one fence at the end of the scope. Rows of
+/// lengths with and without tails, the output at every offset in a line
+/// (so heads differ from row to row), zero-filled rows between them, a row
+/// past the end: every tier gives the scalar codes, maxima and bytes.
+#[test]
+fn rows_coded_in_one_scope_match_scalar() {
+    for isa in Isa::supported() {
+        for len in [64usize, 100, 257, 1000] {
+            let rows = 6;
+            let x = near_ties(rows * len + len, 0.37, len as u64);
+            let row = |r: usize| &x[r * len..(r + 1) * len];
+            let mut want = vec![0i8; rows * len];
+            let mut want_m = Vec::new();
+            for r in 0..rows {
+                let cs = &mut want[r * len..(r + 1) * len];
+                if r == 2 {
+                    cs.fill(0);
+                } else {
+                    simd::quantize_scaled(Isa::Scalar, row(r), 0.37, 127.0, cs, Store::Cached);
+                }
+                want_m.push(simd::absmax_bits(Isa::Scalar, row(r + 1)));
+            }
+            for off in [0usize, 1, 17, 63] {
+                for st in [Store::Cached, Store::Streaming] {
+                    let mut buf = vec![0x55i8; off + rows * len + 64];
+                    let out = &mut buf[off..off + rows * len];
+                    let got_m = simd::rows_out(out, st, |o| {
+                        assert_eq!(o.len(), rows * len);
+                        let mut ms = Vec::new();
+                        for r in 0..rows {
+                            let (next, ahead) = (row(r + 1), &x[((r + 2) * len).min(x.len())..]);
+                            if r == 2 {
+                                o.fill(r * len, len, 0);
+                                ms.push(simd::absmax_bits(isa, next));
+                            } else {
+                                let at = r * len;
+                                let m = o.quantize_scaled_then_absmax(
+                                    isa,
+                                    at,
+                                    row(r),
+                                    0.37,
+                                    127.0,
+                                    next,
+                                    ahead,
+                                );
+                                ms.push(m);
+                            }
+                        }
+                        // Past the end: nothing written, the next max still read.
+                        let m = o.quantize_scaled_then_absmax(
+                            isa,
+                            rows * len + 5,
+                            row(0),
+                            0.37,
+                            127.0,
+                            row(1),
+                            &[],
+                        );
+                        assert_eq!(m, want_m[0]);
+                        o.fill(rows * len - 1, 10, 0x7f);
+                        ms
+                    });
+                    let last = std::mem::replace(&mut want[rows * len - 1], 0x7f);
+                    let what = format!("{isa:?} len {len} off {off} {st:?}");
+                    assert_eq!(&buf[off..off + rows * len], &want[..], "{what}");
+                    assert!(buf[..off]
+                        .iter()
+                        .chain(&buf[off + rows * len..])
+                        .all(|&b| b == 0x55));
+                    assert_eq!(got_m, want_m, "{what}");
+                    want[rows * len - 1] = last;
+                }
+            }
+        }
+    }
+}
+
 /// Rows long enough for several of the tiers' blocks of steps (AVX2 codes
 /// 256 steps of 32 values, then redoes the flagged ones): near-ties in every
 /// block and across their boundaries, scales the reciprocal form does not
