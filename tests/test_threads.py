@@ -53,6 +53,7 @@ def test_streamed_outputs_match_the_reference_and_the_pool(restore_threads, rng)
         fq.QuantConfig.int8_per_channel(),
         fq.QuantConfig.int8_per_channel().asymmetric(),
         fq.QuantConfig.int8(),
+        fq.QuantConfig.int4_per_channel().asymmetric(),
     ]
     runs = []
     for n in (1, 2):
@@ -61,7 +62,7 @@ def test_streamed_outputs_match_the_reference_and_the_pool(restore_threads, rng)
         dyn = fq.dynamic_quantize_int8(x)
         runs.append([row, dyn] + [fq.quantize(x, c) for c in configs])
     assert runs[0] == runs[1]
-    row, dyn, pc, pca, pt = runs[0]
+    row, dyn, pc, pca, pt, pc4 = runs[0]
     picks = [0, 1, 2, 1023, 2047, 2048]
     codes, scales = ref_dynamic.dynamic_quantize(x[picks], "int8_per_row")
     np.testing.assert_array_equal(row.values()[picks].ravel(), codes)
@@ -75,6 +76,11 @@ def test_streamed_outputs_match_the_reference_and_the_pool(restore_threads, rng)
         np.testing.assert_array_equal(np.asarray(q.zero_points)[picks], zps)
     codes, scales, zps = ref_affine.quantize_affine(x, 8, "symmetric", "per_tensor")
     np.testing.assert_array_equal(np.asarray(pt.data).ravel(), codes)
+    packed, scales, zps = ref_affine.quantize_affine(x[picks], 4, "asymmetric", "per_channel")
+    row_bytes = x.shape[1] // 2
+    got = np.asarray(pc4.data).reshape(x.shape[0], row_bytes)[picks].ravel()
+    np.testing.assert_array_equal(got, packed)
+    np.testing.assert_array_equal(np.asarray(pc4.zero_points)[picks], zps)
 
 
 def test_kernels_release_the_gil(restore_threads):
