@@ -2061,8 +2061,9 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
         // floats of `xb` and `nb` and writes 64 bytes of `ob` (equal lengths of
         // 64 · `steps`); a streamed `ob` starts on a 64-byte boundary (the head
         // aligned it) and is left unfenced (the caller fences, as the Kernels
-        // contract says). Prefetches only name addresses inside `ahead` and `nb`. The head and the rest go through
-        // `scaled_run` and `absmax_bits`, which keep their own contracts.
+        // contract says). Prefetches only name addresses inside `ahead` and
+        // `nb`. The head and the rest go through `scaled_run` and
+        // `absmax_bits`, which keep their own contracts.
         unsafe {
             scaled_run(xh, scale, clip, oh, Store::Cached, &[]);
             let lanes = ScaledLanes::new(scale, clip);
