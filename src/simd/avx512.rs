@@ -365,7 +365,7 @@ impl ScaledLanes {
 /// Prefetches every line left in `lines` into L2: the steps prefetch four
 /// lines per 64 values, so when a masked head shortened the run, the last
 /// lines of the row after would otherwise be read on demand, one memory
-/// latency a row (8-12 % of per-channel and per-row time on Zen 4).
+/// latency a row (8-12 % of the per-channel kernel's perf samples on Zen 4).
 #[inline(always)]
 unsafe fn prefetch_rest<'a>(lines: impl Iterator<Item = &'a [f32]>) {
     for line in lines {

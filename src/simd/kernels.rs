@@ -213,8 +213,9 @@ impl Store {
     pub const STREAMING_MIN_BYTES: usize = 8 << 20;
 
     /// Runs (one primitive call) shorter than this are never streamed: each
-    /// pays a masked head and a fence, and short per-channel rows (64 float32
-    /// values) of a large output ran up to 10x slower streamed.
+    /// pays a masked head (and, before fences moved to `dispatch::RowsOut`
+    /// scopes, a fence), and short per-channel rows (64 float32 values) of a
+    /// large output ran up to 10x slower streamed. Not re-measured since.
     pub const STREAMING_MIN_RUN: usize = 4096;
 
     /// [`Store::Streaming`] for a run of `run` bytes of an output of `total`
