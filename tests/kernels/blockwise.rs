@@ -621,9 +621,14 @@ fn conversions_match_scalar_for_every_half_bit_pattern() {
             simd::f16_to_f32(isa, &halves[start..], &mut a[start..]);
             simd::f16_to_f32(Isa::Scalar, &halves[start..], &mut b[start..]);
             assert!(nan_agnostic(&a, &b), "f16 {isa:?}");
+            assert_eq!(bits(&a), bits(&b), "f16 NaN bits {isa:?}");
             simd::bf16_to_f32(isa, &brains[start..], &mut a[start..]);
             simd::bf16_to_f32(Isa::Scalar, &brains[start..], &mut b[start..]);
-            assert!(nan_agnostic(&a, &b), "bf16 {isa:?}");
+            // Exact widening: every bf16 pattern, signalling NaNs included, is
+            // the top half of its f32.
+            let widened = brains[start..].iter().map(|h| u32::from(h.to_bits()) << 16);
+            assert!(widened.eq(bits(&a[start..])), "bf16 {isa:?}");
+            assert_eq!(bits(&a), bits(&b), "bf16 {isa:?}");
         }
         let (mut a, mut b) = (vec![0f32; doubles.len()], vec![0f32; doubles.len()]);
         simd::f64_to_f32(isa, &doubles, &mut a);
