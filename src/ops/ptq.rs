@@ -528,14 +528,23 @@ impl QuantizedModel {
         Ok(model)
     }
 
-    /// Write [`to_json`](Self::to_json)'s bytes to `path` (the seed's `save`).
+    /// Write [`to_json`](Self::to_json)'s bytes to `path` (the seed's `save`),
+    /// atomically, as the Python `save` does: the file is made under a
+    /// temporary name beside `path` (beside the file a symbolic link points
+    /// to) and renamed over it when complete, so a failure or a crash
+    /// mid-write leaves `path` as it was. A replaced file keeps its mode; a
+    /// new one gets `0o666` less the umask.
+    ///
+    /// Errors: `InvalidInput` for a model `to_json` refuses or a `path` that
+    /// is a directory or not a regular file (a device is never replaced);
+    /// else what creating, writing or renaming the file returns.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         // The JSON first: a model `to_json` refuses leaves the file as it was.
         let mut bytes = Vec::new();
         self.as_ref()
             .write_json(&mut bytes)
-            .map_err(std::io::Error::other)?;
-        std::fs::write(path, bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        crate::formats::write_atomic(path, &bytes)
     }
 
     /// Read a model [`save`](Self::save) (or the seed) wrote; malformed
@@ -592,6 +601,77 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert_eq!(after, before);
         Ok(())
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn save_replaces_atomically_and_keeps_the_mode() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let m = quantize_model_weights(
+            "{}".into(),
+            [("l".to_string(), vec![1.0f32, -2.0], vec![2], None)],
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let names = || {
+            let mut v: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        // A new file: 0o666 less the umask (not the temporary file's 0o600).
+        let new = dir.path().join("new.json");
+        m.save(&new).unwrap();
+        let umask = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("Umask:"))?.to_owned();
+                u32::from_str_radix(line[6..].trim(), 8).ok()
+            });
+        if let Some(umask) = umask {
+            assert_eq!(mode(&new), 0o666 & !umask);
+        }
+        assert_eq!(
+            QuantizedModel::load(&new).unwrap().layers[0].weights_i8,
+            vec![64, -127]
+        );
+        // A replaced file keeps its mode and gets the whole new text.
+        let old = dir.path().join("old.json");
+        std::fs::write(&old, b"old text").unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o640)).unwrap();
+        m.save(&old).unwrap();
+        assert_eq!(mode(&old), 0o640);
+        assert_eq!(
+            std::fs::read(&old).unwrap(),
+            m.to_json().unwrap().into_bytes()
+        );
+        // Through a symbolic link: the file it points to is replaced, the link kept.
+        let link = dir.path().join("link.json");
+        symlink(&old, &link).unwrap();
+        std::fs::write(&old, b"again").unwrap();
+        m.save(&link).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read(&old).unwrap(),
+            m.to_json().unwrap().into_bytes()
+        );
+        // A directory at the path is an error and stays as it was.
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let e = m.save(&sub).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::IsADirectory, "{e}");
+        assert!(std::fs::read_dir(&sub).unwrap().next().is_none());
+        // A missing directory: NotFound, nothing made.
+        let e = m.save(&dir.path().join("no/such.json")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+        // No temporary file is left behind by any of these.
+        assert_eq!(names(), ["link.json", "new.json", "old.json", "sub"]);
     }
 
     #[test]
