@@ -698,7 +698,8 @@ pub fn dynamic_quantize_with<T: Float>(
 /// ```
 ///
 /// Errors: `NonFinite` naming `original` (a value that becomes infinite in f32
-/// included).
+/// included), else naming `restored`, with the first such index (past the
+/// common length too).
 pub fn quantization_mae<T: Float>(original: &[T], restored: &[f32]) -> Result<f32> {
     let _env = crate::simd::fpenv::Pinned::new();
     let n = original.len().min(restored.len());
@@ -720,6 +721,14 @@ pub fn quantization_mae<T: Float>(original: &[T], restored: &[f32]) -> Result<f3
             index: n + i,
         });
     }
+    // A NaN or infinite restored value would make the mean NaN or infinite
+    // without a word: refused as the original's are (after them).
+    if let Some(i) = restored.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            arg: "restored",
+            index: i,
+        });
+    }
     Ok(if n == 0 { 0.0 } else { sum / n as f32 })
 }
 
@@ -729,7 +738,7 @@ pub fn quantization_mae<T: Float>(original: &[T], restored: &[f32]) -> Result<f3
 /// the same f32 sum, in the same order.
 ///
 /// Errors: `ShapeMismatch` when `codes` or `scales` do not fit `len` and
-/// `group`; `NonFinite` naming `original`.
+/// `group`; `NonFinite` naming `original`, else `scales`.
 pub fn quantization_mae_codes<T: Float>(
     original: &[T],
     codes: DynCodes<'_>,
@@ -777,6 +786,13 @@ pub fn quantization_mae_codes<T: Float>(
         return Err(QuantError::NonFinite {
             arg: "original",
             index: n + i,
+        });
+    }
+    // A NaN or infinite scale would make the mean so without a word.
+    if let Some(i) = scales.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            arg: "scales",
+            index: i,
         });
     }
     Ok(if n == 0 { 0.0 } else { sum / n as f32 })
@@ -899,6 +915,36 @@ mod mae_tests {
         assert_eq!(out, [0.0]);
         // No values: no group size needed.
         assert!(dequantize_groups(DynCodes::Int8(&[]), 0, &[], &mut []).is_ok());
+    }
+
+    #[test]
+    fn mae_refuses_a_non_finite_restored_value() {
+        let nf = |r: Result<f32>| match r {
+            Err(QuantError::NonFinite { arg, index }) => (arg, index),
+            other => panic!("{other:?}"),
+        };
+        let x = [1.0f32, -2.0, 3.0];
+        assert_eq!(
+            nf(quantization_mae(&x, &[1.0, f32::NAN, 3.0])),
+            ("restored", 1)
+        );
+        // Past the common length too, as the original's values are.
+        assert_eq!(
+            nf(quantization_mae(&x[..1], &[1.0, 2.0, f32::NEG_INFINITY])),
+            ("restored", 2)
+        );
+        // The original's are named first.
+        assert_eq!(
+            nf(quantization_mae(&[1.0f32, 2.0, f32::INFINITY], &[f32::NAN])),
+            ("original", 2)
+        );
+        assert_eq!(quantization_mae(&x, &[1.0, -2.0, 2.0]).unwrap(), 1.0 / 3.0);
+        // From codes: a non-finite scale, after the original's values.
+        let codes = DynCodes::Int8(&[1, -2, 3]);
+        let mae = |o: &[f32], s: &[f32]| quantization_mae_codes(o, codes, 3, 1, s);
+        assert_eq!(nf(mae(&x, &[1.0, f32::NAN, 1.0])), ("scales", 1));
+        assert_eq!(nf(mae(&[f32::NAN; 3], &[f32::NAN; 3])), ("original", 0));
+        assert_eq!(mae(&x, &[1.0, 1.0, 0.5]).unwrap(), 0.5);
     }
 
     #[test]
