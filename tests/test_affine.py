@@ -179,6 +179,10 @@ def test_quantized_tensor_accounting_and_repr(rng):
     for config in (fq.QuantConfig.int8(), fq.QuantConfig.int4_per_channel()):
         empty = fq.quantize(np.zeros((0, 3), np.float32), config)
         assert empty.size_bytes() == 0 and np.isnan(empty.compression_ratio())
+        # The repr says so instead of printing the NaN.
+        assert repr(empty).endswith(", ratio=n/a)"), repr(empty)
+        layer = fq.QuantizedLinear.from_linear(np.zeros((0, 3), np.float32), None, config)
+        assert repr(layer).endswith(", bias=False, ratio=n/a)"), repr(layer)
     assert q.nbytes == 35 + 8 * 10 + 8 * 10
     assert repr(q) == (
         "QuantizedTensor(shape=(10, 7), scheme='int4-per-channel', dtype=float32, ratio=8.00x)"

@@ -138,6 +138,12 @@ def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
     return cls._trusted(**fields)
 
 
+def ratio_text(ratio: float, digits: int) -> str:
+    """A compression ratio for a repr: ``3.88x``, or ``n/a`` for an empty tensor's
+    (the seed's 0 / 0 is NaN: there is nothing to compress)."""
+    return "n/a" if ratio != ratio else f"{ratio:.{digits}f}x"
+
+
 class Record:
     """What the file format needs of a frozen dataclass: its scheme tag, which
     fields are arrays and which JSON parameters, and ``to_bytes`` /
@@ -236,7 +242,7 @@ class Quantized(Record):
         return (
             f"{type(self).__name__}(shape={getattr(self, 'shape', None)}, "
             f"scheme={self.label!r}{', ' + extra if extra else ''}, "
-            f"ratio={self.compression_ratio():.2f}x)"
+            f"ratio={ratio_text(self.compression_ratio(), 2)})"
         )
 
     def __eq__(self, other: object) -> bool:

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, Record, check_codes, first_true, unpack_int4
+from ._base import Quantized, Record, check_codes, first_true, ratio_text, unpack_int4
 from ._checks import (
     FLOAT_DTYPES,
     beyond_f32,
@@ -614,10 +614,11 @@ class QuantizedLinear:
 
     def __repr__(self) -> str:
         c = self._weight_q.config
+        ratio = ratio_text(self._weight_q.compression_ratio(), 1)
         return (
             f"QuantizedLinear(in_features={self.in_features}, out_features={self.out_features}, "
             f"bits={c.bits}, mode={c.mode!r}, granularity={c.granularity!r}, "
-            f"bias={self._bias is not None}, ratio={self._weight_q.compression_ratio():.1f}x)"
+            f"bias={self._bias is not None}, ratio={ratio})"
         )
 
 
