@@ -1758,9 +1758,16 @@ def test_masked_values_are_refused_not_read():
     for arg, f in calls:
         with pytest.raises(TypeError, match=rf"^{re.escape(arg)} is a masked array"):
             f(x)
+    # The same rows in a list (np.asarray would drop their masks), or deeper.
+    for v in ([x[0], x[1]], (x[0], x[1]), [[x[0]], [x[1]]], [x]):
+        for arg, f in calls:
+            with pytest.raises(TypeError, match=rf"^{re.escape(arg)} holds a masked array"):
+                f(v)
     # Nothing masked: the values are the array's own.
     clear = np.ma.masked_array(x.data, mask=False)
     assert fq.dynamic_quantize_int8(clear) == fq.dynamic_quantize_int8(x.data)
+    rows = [clear[0], clear[1]]
+    assert fq.dynamic_quantize_int8(rows) == fq.dynamic_quantize_int8(x.data)
     assert fq.dynamic_quantize_int8(np.ma.masked_array(x.data)) == fq.dynamic_quantize_int8(x.data)
 
 

@@ -356,6 +356,13 @@ def float_input(x: Any, arg: str) -> np.ndarray:
         arr = x if isinstance(x, np.ndarray) else np.asarray(x)
     except ValueError as e:  # a ragged nested list
         raise TypeError(f"{arg} must be a floating array: {e}") from None
+    if arr is not x and arr.ndim >= 2 and _masked_inside(x, arr.ndim - 1):
+        # np.asarray drops the masks of the rows of a list: refused as the
+        # masked array itself is (a masked element of a flat list becomes NaN).
+        raise TypeError(
+            f"{arg} holds a masked array with masked values, which would be read as "
+            f"values; fill or drop them first"
+        )
     dt = arr.dtype
     if not is_float_dtype(dt):
         raise TypeError(
@@ -363,6 +370,17 @@ def float_input(x: Any, arg: str) -> np.ndarray:
             f"got dtype {dt}"
         )
     return kernel_layout(arr)
+
+
+def _masked_inside(x: Any, depth: int) -> bool:
+    """Whether the nested lists or tuples ``x`` hold, within ``depth`` levels, a
+    masked array with a masked value (one test per row: the scalars are not
+    visited; other objects are NumPy's to convert)."""
+    if isinstance(x, np.ma.MaskedArray):
+        return bool(np.ma.getmaskarray(x).any())
+    if depth == 0 or not isinstance(x, (list, tuple)):
+        return False
+    return any(_masked_inside(e, depth - 1) for e in x)
 
 
 def scale_dtype(value: Any) -> np.dtype:
