@@ -4,41 +4,49 @@ pub mod safetensors_header;
 pub mod spilled;
 
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// Write `bytes` to the file `path` atomically: under a temporary name in the
-/// same directory (that of the file a symbolic link at `path` resolves to),
-/// renamed over the file once written, so a failure or a crash leaves `path`
-/// as it was and no reader sees a partial file. A replaced file keeps its
-/// permissions; a new one is created `0o666` less the umask (as `open(2)`
-/// would make it). The temporary file is removed on any error.
+/// Write `bytes` to the file `path` atomically, as the Python package's
+/// `save` does: under a temporary name in the directory of the file a
+/// symbolic link at `path` leads to (followed to its end, existing or not,
+/// as `realpath` does), renamed over that file once written. A failure or a
+/// crash leaves it as it was, no reader sees a partial file, and the links
+/// are kept. A replaced file keeps its permissions (and must be writable by
+/// the caller, as `open(2)` would require); a new one is created `0o666`
+/// less the umask. The temporary file is removed on any error, and every
+/// error names `path`, never the temporary name.
 ///
-/// Errors: `IsADirectory` for a directory at `path`, `InvalidInput` for
-/// something other than a regular file there (a device or FIFO is never
-/// replaced by a rename), else what creating, writing or renaming returns.
+/// Errors: `IsADirectory` for a directory at `path` (or a path ending in
+/// `/`), `InvalidInput` for something other than a regular file there (a
+/// device or FIFO is never replaced by a rename), `PermissionDenied` for a
+/// file the caller may not write, else what resolving, creating, writing or
+/// renaming returns.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    // An existing name (a link followed to its end); a new one is made as is.
-    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let named = |e: io::Error| named_error(e, path);
+    if path.as_os_str().as_encoded_bytes().last() == Some(&b'/') {
+        // `open(2)` refuses to create a file named with a trailing slash.
+        return Err(named(io::ErrorKind::IsADirectory.into()));
+    }
+    let real = follow_links(path).map_err(named)?;
     let existing = match std::fs::metadata(&real) {
-        Ok(m) if m.is_dir() => {
-            return Err(io::Error::new(
-                io::ErrorKind::IsADirectory,
-                format!("{} is a directory", path.display()),
-            ))
-        }
+        Ok(m) if m.is_dir() => return Err(named(io::ErrorKind::IsADirectory.into())),
         Ok(m) if !m.is_file() => {
-            return Err(io::Error::new(
+            return Err(named(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is not a regular file (ferroquant writes files, atomically)",
-                    path.display()
-                ),
-            ))
+                "not a regular file (ferroquant writes files, atomically)",
+            )))
         }
         Ok(m) => Some(m.permissions()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e),
+        Err(e) => return Err(named(e)),
     };
+    #[cfg(target_os = "linux")]
+    if existing.is_some() {
+        // The rename needs only the directory's permission: a read-only file
+        // would be replaced where writing it in place is refused.
+        use nix::unistd::{access, AccessFlags};
+        access(&real, AccessFlags::W_OK).map_err(|e| named(e.into()))?;
+    }
     let parent = match real.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -51,11 +59,43 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         // The mode `open(2)` gives a new file: the umask applies to it.
         builder.permissions(std::fs::Permissions::from_mode(0o666));
     }
-    let mut tmp = builder.tempfile_in(parent)?;
-    tmp.write_all(bytes)?;
-    tmp.flush()?;
+    let mut tmp = builder.tempfile_in(parent).map_err(named)?;
+    tmp.write_all(bytes).map_err(named)?;
+    tmp.flush().map_err(named)?;
     if let Some(p) = existing {
-        tmp.as_file().set_permissions(p)?;
+        tmp.as_file().set_permissions(p).map_err(named)?;
     }
-    tmp.persist(&real).map(drop).map_err(|e| e.error)
+    tmp.persist(&real).map(drop).map_err(|e| named(e.error))
+}
+
+/// `path` with symbolic links in its last component followed to the end,
+/// the last one possibly missing (a new file where a dangling link points).
+fn follow_links(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    // Linux's own limit; past it `metadata` below fails with ELOOP.
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                };
+            }
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(p),
+            Err(e) => return Err(e),
+        }
+    }
+    std::fs::metadata(&p)?;
+    Err(io::Error::other("too many levels of symbolic links"))
+}
+
+/// `e` as the caller's error: its kind, and a message naming `path` (the
+/// temporary file's name, which `tempfile` appends as " at path ...", is
+/// dropped: the caller never sees that name).
+fn named_error(e: io::Error, path: &Path) -> io::Error {
+    let text = e.to_string();
+    let text = text.rfind(" at path ").map_or(&text[..], |i| &text[..i]);
+    io::Error::new(e.kind(), format!("{}: {text}", path.display()))
 }

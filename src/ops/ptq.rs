@@ -529,15 +529,15 @@ impl QuantizedModel {
     }
 
     /// Write [`to_json`](Self::to_json)'s bytes to `path` (the seed's `save`),
-    /// atomically, as the Python `save` does: the file is made under a
-    /// temporary name beside `path` (beside the file a symbolic link points
-    /// to) and renamed over it when complete, so a failure or a crash
-    /// mid-write leaves `path` as it was. A replaced file keeps its mode; a
-    /// new one gets `0o666` less the umask.
+    /// atomically, as the Python `save` does
+    /// ([`write_atomic`](crate::formats::write_atomic)): a failure or a crash
+    /// mid-write leaves the file as it was, symbolic links are followed and
+    /// kept, a replaced file keeps its mode, a new one gets `0o666` less the
+    /// umask.
     ///
-    /// Errors: `InvalidInput` for a model `to_json` refuses or a `path` that
-    /// is a directory or not a regular file (a device is never replaced);
-    /// else what creating, writing or renaming the file returns.
+    /// Errors: `InvalidInput` for a model `to_json` refuses; else those of
+    /// `write_atomic` (a directory, a device, a file the caller may not
+    /// write, what creating, writing or renaming returns), naming `path`.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         // The JSON first: a model `to_json` refuses leaves the file as it was.
         let mut bytes = Vec::new();
@@ -667,11 +667,49 @@ mod tests {
         let e = m.save(&sub).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::IsADirectory, "{e}");
         assert!(std::fs::read_dir(&sub).unwrap().next().is_none());
-        // A missing directory: NotFound, nothing made.
+        // A missing directory: NotFound naming the caller's path, nothing made.
         let e = m.save(&dir.path().join("no/such.json")).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+        assert!(e.to_string().contains("no/such.json"), "{e}");
+        assert!(!e.to_string().contains(".ferroquant-"), "{e}");
+        // A dangling link: the file it names is made, the link kept.
+        let dangling = dir.path().join("dangling.json");
+        symlink("made.json", &dangling).unwrap();
+        m.save(&dangling).unwrap();
+        assert!(std::fs::symlink_metadata(&dangling)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let made = dir.path().join("made.json");
+        assert_eq!(
+            std::fs::read(&made).unwrap(),
+            m.to_json().unwrap().into_bytes()
+        );
+        // ... or, into a missing directory, NotFound with the link kept.
+        let nowhere = dir.path().join("nowhere.json");
+        symlink("no/such.json", &nowhere).unwrap();
+        let e = m.save(&nowhere).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+        assert!(std::fs::symlink_metadata(&nowhere)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // A trailing slash names a directory, as open(2) has it.
+        for p in ["new.json/", "none.json/"] {
+            let e = m.save(&dir.path().join(p)).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::IsADirectory, "{p}: {e}");
+        }
         // No temporary file is left behind by any of these.
-        assert_eq!(names(), ["link.json", "new.json", "old.json", "sub"]);
+        let all = [
+            "dangling.json",
+            "link.json",
+            "made.json",
+            "new.json",
+            "nowhere.json",
+            "old.json",
+            "sub",
+        ];
+        assert_eq!(names(), all);
     }
 
     #[test]
