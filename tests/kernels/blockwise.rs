@@ -3,6 +3,7 @@
 //! adversarial values: exact rounding ties, the float just below a tie,
 //! subnormals, signed zeros, and blocks whose scale underflows.
 
+use ferroquant::element::Float;
 use ferroquant::ops::blockwise::{
     dequantize_blockwise_with, num_blocks, quantize_blockwise_with, BlockwiseReport, Scales,
     ScalesMut,
@@ -628,6 +629,9 @@ fn conversions_match_scalar_for_every_half_bit_pattern() {
             // the top half of its f32.
             let widened = brains[start..].iter().map(|h| u32::from(h.to_bits()) << 16);
             assert!(widened.eq(bits(&a[start..])), "bf16 {isa:?}");
+            // The per-element widening the kernels' scalar loops use, likewise.
+            let one = brains[start..].iter().map(|&h| Float::to_f32(h).to_bits());
+            assert!(one.eq(bits(&a[start..])), "bf16 Float::to_f32");
             assert_eq!(bits(&a), bits(&b), "bf16 {isa:?}");
         }
         let (mut a, mut b) = (vec![0f32; doubles.len()], vec![0f32; doubles.len()]);
