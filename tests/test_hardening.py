@@ -1768,6 +1768,11 @@ def test_masked_values_are_refused_not_read():
     assert fq.dynamic_quantize_int8(clear) == fq.dynamic_quantize_int8(x.data)
     rows = [clear[0], clear[1]]
     assert fq.dynamic_quantize_int8(rows) == fq.dynamic_quantize_int8(x.data)
+    # A structured masked array (one mask a field) is refused by its dtype, named.
+    pairs = np.ma.masked_array(np.zeros(2, [("a", "f4"), ("b", "f4")]), mask=[(1, 0), (0, 0)])
+    for v in (pairs, [pairs, pairs]):
+        with pytest.raises(TypeError, match=r"^x must be a floating array"):
+            fq.dynamic_quantize_int8(v)
     assert fq.dynamic_quantize_int8(np.ma.masked_array(x.data)) == fq.dynamic_quantize_int8(x.data)
 
 

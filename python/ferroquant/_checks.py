@@ -11,7 +11,8 @@ import warnings
 import weakref
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Dict, Optional, Tuple, Type
+from itertools import repeat
+from typing import Any, Dict, Optional, Tuple, Type, Union
 
 import ml_dtypes
 import numpy as np
@@ -345,18 +346,17 @@ def float_input(x: Any, arg: str) -> np.ndarray:
         flags = x.flags
         if flags.c_contiguous and flags.aligned:
             return x  # the common case, checked first: small calls stay cheap
-    if isinstance(x, np.ma.MaskedArray) and np.ma.getmask(x) is not np.ma.nomask:
-        if np.ma.getmask(x).any():
-            # The kernels read every value: a masked outlier would set the scale.
-            raise TypeError(
-                f"{arg} is a masked array with masked values, which would be read as "
-                f"values; pass {arg}.filled(fill_value) or {arg}.compressed()"
-            )
+    if isinstance(x, np.ma.MaskedArray) and any_masked(x):
+        # The kernels read every value: a masked outlier would set the scale.
+        raise TypeError(
+            f"{arg} is a masked array with masked values, which would be read as "
+            f"values; pass {arg}.filled(fill_value) or {arg}.compressed()"
+        )
     try:
         arr = x if isinstance(x, np.ndarray) else np.asarray(x)
     except ValueError as e:  # a ragged nested list
         raise TypeError(f"{arg} must be a floating array: {e}") from None
-    if arr is not x and arr.ndim >= 2 and _masked_inside(x, arr.ndim - 1):
+    if arr.ndim >= 2 and isinstance(x, (list, tuple)) and _masked_inside(x, arr.ndim - 1):
         # np.asarray drops the masks of the rows of a list: refused as the
         # masked array itself is (a masked element of a flat list becomes NaN).
         raise TypeError(
@@ -372,15 +372,29 @@ def float_input(x: Any, arg: str) -> np.ndarray:
     return kernel_layout(arr)
 
 
-def _masked_inside(x: Any, depth: int) -> bool:
-    """Whether the nested lists or tuples ``x`` hold, within ``depth`` levels, a
-    masked array with a masked value (one test per row: the scalars are not
-    visited; other objects are NumPy's to convert)."""
-    if isinstance(x, np.ma.MaskedArray):
-        return bool(np.ma.getmaskarray(x).any())
-    if depth == 0 or not isinstance(x, (list, tuple)):
+def any_masked(x: np.ma.MaskedArray) -> bool:
+    """Whether ``x`` has a masked value. A structured array's (one mask a field)
+    says no: its dtype is refused anyway, with a message naming the argument."""
+    mask = np.ma.getmask(x)
+    if mask is np.ma.nomask or mask.dtype.names is not None:
         return False
-    return any(_masked_inside(e, depth - 1) for e in x)
+    return bool(mask.any())
+
+
+def _masked_inside(x: Union[list, tuple], depth: int) -> bool:
+    """Whether the nested lists or tuples ``x`` hold, within ``depth`` levels, a
+    masked array with a masked value. Rows are tested, scalars never visited:
+    the last level is one C-level ``isinstance`` sweep (other sequences are
+    NumPy's to convert)."""
+    masked = np.ma.MaskedArray
+    if any(map(isinstance, x, repeat(masked))):
+        if any(isinstance(e, masked) and any_masked(e) for e in x):
+            return True
+    if depth > 1:
+        for e in x:
+            if isinstance(e, (list, tuple)) and _masked_inside(e, depth - 1):
+                return True
+    return False
 
 
 def scale_dtype(value: Any) -> np.dtype:

@@ -18,6 +18,7 @@ import numpy as np
 from . import _ferroquant as _native
 from ._base import Quantized, Record, check_codes, check_scales, f32_ratio, unpack_int4
 from ._checks import (
+    any_masked,
     beyond_f32,
     describe,
     exact_float,
@@ -412,7 +413,7 @@ def compute_smooth_factors(
 
 
 def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
-    if isinstance(x, np.ma.MaskedArray) and np.ma.getmask(x).any():
+    if isinstance(x, np.ma.MaskedArray) and any_masked(x):
         # As every float input: the masked values would be smoothed as values.
         raise TypeError(f"{arg} is a masked array with masked values; smooth {arg}.data instead")
     if isinstance(x, np.ndarray) and x.dtype.kind not in "fV":
