@@ -2181,6 +2181,31 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     }
 
     #[inline(always)]
+    unsafe fn f32_to_f16_streamed(x: &[f32], out: &mut [f16]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let head = head_to_align(out.as_ptr() as usize, 64, 2, n);
+        // SAFETY: AVX-512F per the Kernels contract. The head (cached) aligns
+        // the output to 64 bytes; then 32 floats in and one aligned 64-byte
+        // line streamed per full chunk, the tail cached; fenced before
+        // returning, so no caller sees the lines unordered.
+        unsafe {
+            Self::f32_to_f16(&x[..head], &mut out[..head]);
+            let mut xc = x[head..].chunks_exact(32);
+            let mut oc = out[head..].chunks_exact_mut(32);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                let lo = _mm512_cvtps_ph::<RNE>(_mm512_loadu_ps(c.as_ptr()));
+                let hi = _mm512_cvtps_ph::<RNE>(_mm512_loadu_ps(c.as_ptr().add(16)));
+                let line = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm512_stream_si512(o.as_mut_ptr().cast(), line);
+            }
+            _mm_sfence();
+            Self::f32_to_f16(xc.remainder(), oc.into_remainder());
+        }
+    }
+
+    #[inline(always)]
     unsafe fn f64_to_f32_odd(x: &[f64], out: &mut [f32]) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);

@@ -369,6 +369,14 @@ pub(crate) trait Kernels {
     /// `out[i] = f16(x[i])`, IEEE round to nearest even, NaN quieted with its
     /// payload's top bits kept (as the `half` crate and F16C do).
     unsafe fn f32_to_f16(x: &[f32], out: &mut [f16]);
+    /// [`f32_to_f16`](Self::f32_to_f16) with the output written by streaming
+    /// stores where the ISA has them (after a head that aligns it to a line),
+    /// fenced before returning: for outputs too large to stay in cache (no
+    /// line of the output is read first). The same bits.
+    unsafe fn f32_to_f16_streamed(x: &[f32], out: &mut [f16]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::f32_to_f16(x, out) }
+    }
 
     /// `(Σ (x - k), Σ (x - k)²)` in f64 over a run, in a fixed order every ISA
     /// follows: element `i` goes to lane `i % 16` (each `d = x - k` rounded,

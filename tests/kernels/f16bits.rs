@@ -55,3 +55,42 @@ fn large_inputs_do_not_depend_on_the_thread_count() {
     assert_eq!(runs[0], runs[1]);
     assert_eq!(runs[0], runs[2]);
 }
+
+#[test]
+fn streamed_conversion_matches_scalar_at_every_offset() {
+    use ferroquant::simd;
+    use half::f16;
+    // The streamed primitive: a cached head up to a 64-byte line, aligned lines,
+    // a cached tail; every start within a line and lengths around a line.
+    let x = patterns(70_001, 41);
+    for isa in Isa::supported() {
+        for off in 0..33 {
+            for n in (0..70).chain([1000, 70_001 - 33]) {
+                let mut a = vec![f16::from_bits(0x5555); n + 66];
+                let mut b = a.clone();
+                simd::f32_to_f16_streamed(isa, &x[..n], &mut a[off..off + n]);
+                simd::f32_to_f16(Isa::Scalar, &x[..n], &mut b[off..off + n]);
+                let bits = |v: &[f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{isa:?} offset {off} n {n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn one_thread_output_past_the_streaming_size_matches_scalar() {
+    // 8 MiB of halves and more take the streamed path on one thread.
+    let n = (8 << 20) / 2 + 33;
+    let x = patterns(n, 5);
+    let mut want = vec![0u16; n];
+    fp32_to_fp16_bits_with(Isa::Scalar, &x, &mut want).unwrap();
+    let runs = with_threads(&[1, 2], |_| {
+        let mut a = vec![0u16; n + 1];
+        fp32_to_fp16_bits_with(Isa::detected(), &x, &mut a[1..]).unwrap();
+        a
+    });
+    for r in runs {
+        assert_eq!(r[0], 0);
+        assert!(r[1..] == want[..]);
+    }
+}
