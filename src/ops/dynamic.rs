@@ -735,10 +735,15 @@ pub fn quantization_mae<T: Float>(original: &[T], restored: &[f32]) -> Result<f3
 /// [`quantization_mae`] of `original` against the `len` values `codes` hold
 /// (`q as f32 * scale` of each element's group of `group`, as
 /// [`dequantize_groups`] gives them), without materializing those values:
-/// the same f32 sum, in the same order.
+/// the same f32 sum, in the same order. A product of finite inputs that
+/// overflows f32 (a code of 127 times a scale near `f32::MAX / 127`) enters
+/// the sum as the ±inf the seed's dequantization gives, so the mean is inf as
+/// the seed's is; [`quantization_mae`], handed that inf as a restored value,
+/// refuses it as non-finite input instead.
 ///
 /// Errors: `ShapeMismatch` when `codes` or `scales` do not fit `len` and
-/// `group`; `NonFinite` naming `original`, else `scales`.
+/// `group`; `NonFinite` naming `original`, else `scales` (a NaN or infinite
+/// scale, whether or not a value uses it).
 pub fn quantization_mae_codes<T: Float>(
     original: &[T],
     codes: DynCodes<'_>,
@@ -945,6 +950,11 @@ mod mae_tests {
         assert_eq!(nf(mae(&x, &[1.0, f32::NAN, 1.0])), ("scales", 1));
         assert_eq!(nf(mae(&[f32::NAN; 3], &[f32::NAN; 3])), ("original", 0));
         assert_eq!(mae(&x, &[1.0, 1.0, 0.5]).unwrap(), 0.5);
+        // Finite inputs whose product overflows: the seed's inf, not an error
+        // (Python's quantization_mae of f32::MAX quantized per tensor).
+        let big = DynCodes::Int8(&[127, 1, -127]);
+        let m = quantization_mae_codes(&x, big, 3, 3, &[3e38]).unwrap();
+        assert_eq!(m, f32::INFINITY);
     }
 
     #[test]
