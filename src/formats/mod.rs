@@ -70,12 +70,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// `path` with symbolic links in its last component followed to the end,
 /// the last one possibly missing (a new file where a dangling link points).
+/// At most [`MAX_LINKS`] links, as the kernel follows.
 fn follow_links(path: &Path) -> io::Result<PathBuf> {
     let mut p = path.to_path_buf();
-    // Linux's own limit; past it `metadata` below fails with ELOOP.
-    for _ in 0..40 {
+    for hops in 0..=MAX_LINKS {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() => {
+                if hops == MAX_LINKS {
+                    break;
+                }
                 let target = std::fs::read_link(&p)?;
                 p = match p.parent() {
                     Some(dir) if target.is_relative() => dir.join(target),
@@ -87,15 +90,52 @@ fn follow_links(path: &Path) -> io::Result<PathBuf> {
             Err(e) => return Err(e),
         }
     }
-    std::fs::metadata(&p)?;
+    #[cfg(target_os = "linux")]
+    return Err(nix::errno::Errno::ELOOP.into());
+    #[cfg(not(target_os = "linux"))]
     Err(io::Error::other("too many levels of symbolic links"))
 }
 
-/// `e` as the caller's error: its kind, and a message naming `path` (the
-/// temporary file's name, which `tempfile` appends as " at path ...", is
-/// dropped: the caller never sees that name).
+/// The symbolic links a path may pass through: Linux's `MAXSYMLINKS`.
+const MAX_LINKS: usize = 40;
+
+/// An error of [`write_atomic`]: its message names the caller's path, and its
+/// source is the error the system returned (with its `raw_os_error`).
+#[derive(Debug)]
+struct AtPath {
+    path: PathBuf,
+    text: String,
+    source: io::Error,
+}
+
+impl std::fmt::Display for AtPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.text)
+    }
+}
+
+impl std::error::Error for AtPath {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// `e` as the caller's error: its kind, a message naming `path`, `e` as its
+/// source. `tempfile` appends ` at path "<its temporary name>"` to the
+/// system's text: dropped from the first occurrence (the system's own text
+/// never holds it; a directory name in the temporary path may).
 fn named_error(e: io::Error, path: &Path) -> io::Error {
-    let text = e.to_string();
-    let text = text.rfind(" at path ").map_or(&text[..], |i| &text[..i]);
-    io::Error::new(e.kind(), format!("{}: {text}", path.display()))
+    let full = e.to_string();
+    let text = full
+        .find(" at path \"")
+        .map_or(&full[..], |i| &full[..i])
+        .to_owned();
+    io::Error::new(
+        e.kind(),
+        AtPath {
+            path: path.to_path_buf(),
+            text,
+            source: e,
+        },
+    )
 }

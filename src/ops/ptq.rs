@@ -699,6 +699,44 @@ mod tests {
             let e = m.save(&dir.path().join(p)).unwrap_err();
             assert_eq!(e.kind(), std::io::ErrorKind::IsADirectory, "{p}: {e}");
         }
+        // A chain of 40 links (the kernel's limit) is followed; 41 are refused
+        // as the kernel refuses them (ELOOP), leaving everything as it was.
+        let chain = dir.path().join("chain");
+        std::fs::create_dir(&chain).unwrap();
+        for i in 0..41 {
+            let to = if i == 0 {
+                "../old.json".to_string()
+            } else {
+                format!("l{}", i - 1)
+            };
+            symlink(to, chain.join(format!("l{i}"))).unwrap();
+        }
+        std::fs::write(&old, b"chained").unwrap();
+        m.save(&chain.join("l39")).unwrap();
+        assert_eq!(
+            std::fs::read(&old).unwrap(),
+            m.to_json().unwrap().into_bytes()
+        );
+        std::fs::write(&old, b"chained").unwrap();
+        let e = m.save(&chain.join("l40")).unwrap_err();
+        assert!(e.to_string().contains("symbolic links"), "{e}");
+        assert_eq!(std::fs::read(&old).unwrap(), b"chained");
+        let errno = e
+            .get_ref()
+            .and_then(|inner| inner.source())
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .and_then(|s| s.raw_os_error());
+        assert_eq!(errno, Some(40), "the system's error is the source");
+        std::fs::remove_dir_all(&chain).unwrap();
+        // A directory whose name holds tempfile's " at path ": the message is
+        // still the caller's path and the system's text, nothing after.
+        let odd = dir.path().join("q at path z");
+        std::fs::create_dir(&odd).unwrap();
+        let e = m.save(&odd.join("no/such.json")).unwrap_err();
+        let want = format!("{}: ", odd.join("no/such.json").display());
+        assert!(e.to_string().starts_with(&want), "{e}");
+        assert!(e.to_string().ends_with("(os error 2)"), "{e}");
+        std::fs::remove_dir(&odd).unwrap();
         // No temporary file is left behind by any of these.
         let all = [
             "dangling.json",
