@@ -9,10 +9,11 @@ import reprlib
 import sys
 import warnings
 import weakref
+from collections.abc import Sequence
 from decimal import Decimal
 from fractions import Fraction
 from itertools import repeat
-from typing import Any, Dict, Optional, Tuple, Type, Union
+from typing import Any, Dict, Optional, Tuple, Type
 
 import ml_dtypes
 import numpy as np
@@ -356,7 +357,7 @@ def float_input(x: Any, arg: str) -> np.ndarray:
         arr = x if isinstance(x, np.ndarray) else np.asarray(x)
     except ValueError as e:  # a ragged nested list
         raise TypeError(f"{arg} must be a floating array: {e}") from None
-    if arr.ndim >= 2 and isinstance(x, (list, tuple)) and _masked_inside(x, arr.ndim - 1):
+    if arr.ndim >= 2 and _is_rows(x) and _masked_inside(x, arr.ndim - 1):
         # np.asarray drops the masks of the rows of a list: refused as the
         # masked array itself is (a masked element of a flat list becomes NaN).
         raise TypeError(
@@ -381,18 +382,30 @@ def any_masked(x: np.ma.MaskedArray) -> bool:
     return bool(mask.any())
 
 
-def _masked_inside(x: Union[list, tuple], depth: int) -> bool:
-    """Whether the nested lists or tuples ``x`` hold, within ``depth`` levels, a
+def _is_rows(x: Any) -> bool:
+    """Whether NumPy converts ``x`` row by row: a list, a tuple or another
+    ``collections.abc.Sequence`` (a deque, a UserList) that is not itself an
+    array, a string or a buffer (those convert whole, with no rows to hide)."""
+    t = type(x)
+    if t is list or t is tuple:
+        return True
+    return isinstance(x, Sequence) and not isinstance(x, _WHOLE)
+
+
+_WHOLE = (str, bytes, bytearray, memoryview, range, np.ndarray)
+
+
+def _masked_inside(x: Sequence[Any], depth: int) -> bool:
+    """Whether the nested sequences ``x`` hold, within ``depth`` levels, a
     masked array with a masked value. Rows are tested, scalars never visited:
-    the last level is one C-level ``isinstance`` sweep (other sequences are
-    NumPy's to convert)."""
+    the last level is one C-level ``isinstance`` sweep."""
     masked = np.ma.MaskedArray
     if any(map(isinstance, x, repeat(masked))):
         if any(isinstance(e, masked) and any_masked(e) for e in x):
             return True
     if depth > 1:
         for e in x:
-            if isinstance(e, (list, tuple)) and _masked_inside(e, depth - 1):
+            if _is_rows(e) and _masked_inside(e, depth - 1):
                 return True
     return False
 

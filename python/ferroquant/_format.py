@@ -50,7 +50,7 @@ import numpy as np
 from safetensors import TensorSpec, serialize, serialize_file
 
 from . import _ferroquant as _native
-from ._checks import MAX_NDIM, owned
+from ._checks import MAX_NDIM, any_masked, owned
 from .errors import FormatError, QuantizationError
 
 #: Version of the metadata layout written by this release.
@@ -222,6 +222,14 @@ def flatten(
             # "__metadata__::data"), but restoring it needs a tensor of this name.
             raise ValueError("'__metadata__' is reserved by safetensors and cannot name a value")
         if isinstance(value, np.ndarray):
+            if isinstance(value, np.ma.MaskedArray) and any_masked(value):
+                # safetensors stores values only: the mask would be lost without
+                # a word, and the masked values read back as data.
+                raise TypeError(
+                    f"tensors[{name!r}] is a masked array with masked values, which "
+                    f"safetensors cannot store; save .filled(value) (and the mask as "
+                    f"its own tensor if it is needed)"
+                )
             put(name, value)
         elif is_quantized(value):
             text, arrays = _entry(name, value)
