@@ -112,6 +112,9 @@ pub fn fp16_bits_to_fp32_with(isa: Isa, bits: &[u16], out: &mut [f32]) -> Result
             h.par_chunks(TASK)
                 .zip(out.par_chunks_mut(TASK))
                 .for_each(|(hs, os)| simd::f16_to_f32(isa, hs, os));
+        } else if Store::for_run(4 * h.len(), 4 * h.len(), false) == Store::Streaming {
+            // As fp32_to_fp16_bits: an output too large for the cache.
+            simd::f16_to_f32_streamed(isa, h, out);
         } else {
             simd::f16_to_f32(isa, h, out);
         }

@@ -1769,6 +1769,28 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
+    unsafe fn f16_to_f32_streamed(x: &[f16], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let head = ((out.as_ptr() as usize).wrapping_neg() % 64 / 4).min(n);
+        // SAFETY: AVX2 and F16C per the Kernels contract; f16 is a 16-bit type.
+        // The head (cached) aligns the output to 64 bytes; then 8 halves in and
+        // one aligned 32-byte half line streamed per full chunk, the tail
+        // cached; fenced before returning.
+        unsafe {
+            Self::f16_to_f32(&x[..head], &mut out[..head]);
+            let mut xc = x[head..].chunks_exact(8);
+            let mut oc = out[head..].chunks_exact_mut(8);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let f = _mm256_cvtph_ps(_mm_loadu_si128(c.as_ptr().cast()));
+                _mm256_stream_ps(o.as_mut_ptr(), f);
+            }
+            _mm_sfence();
+            Self::f16_to_f32(xc.remainder(), oc.into_remainder());
+        }
+    }
+
+    #[inline(always)]
     unsafe fn f32_to_f16_streamed(x: &[f32], out: &mut [f16]) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);

@@ -2181,6 +2181,28 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     }
 
     #[inline(always)]
+    unsafe fn f16_to_f32_streamed(x: &[f16], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let (x, out) = (&x[..n], &mut out[..n]);
+        let head = head_to_align(out.as_ptr() as usize, 64, 4, n);
+        // SAFETY: AVX-512F per the Kernels contract; f16 is a 16-bit type. The
+        // head (cached) aligns the output to 64 bytes; then 16 halves in and
+        // one aligned 64-byte line streamed per full chunk, the tail cached;
+        // fenced before returning.
+        unsafe {
+            Self::f16_to_f32(&x[..head], &mut out[..head]);
+            let mut xc = x[head..].chunks_exact(16);
+            let mut oc = out[head..].chunks_exact_mut(16);
+            for (c, o) in (&mut xc).zip(&mut oc) {
+                let f = _mm512_cvtph_ps(_mm256_loadu_si256(c.as_ptr().cast()));
+                _mm512_stream_ps(o.as_mut_ptr(), f);
+            }
+            _mm_sfence();
+            Self::f16_to_f32(xc.remainder(), oc.into_remainder());
+        }
+    }
+
+    #[inline(always)]
     unsafe fn f32_to_f16_streamed(x: &[f32], out: &mut [f16]) {
         let n = x.len().min(out.len());
         let (x, out) = (&x[..n], &mut out[..n]);

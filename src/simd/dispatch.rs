@@ -466,6 +466,11 @@ primitive!(
     f32_to_f16_streamed(x: &[f32], out: &mut [f16]) -> ()
 );
 primitive!(
+    /// [`f16_to_f32`] through streaming stores (fenced): the same bits, for an
+    /// output too large to stay in cache.
+    f16_to_f32_streamed(x: &[f16], out: &mut [f32]) -> ()
+);
+primitive!(
     /// `(Σ (x - k), Σ (x - k)²)` in f64, in the fixed 16-lane order.
     shifted_moments(x: &[f32], k: f64) -> (f64, f64)
 );

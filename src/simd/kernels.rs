@@ -377,6 +377,13 @@ pub(crate) trait Kernels {
         // SAFETY: forwarded from this function's contract.
         unsafe { Self::f32_to_f16(x, out) }
     }
+    /// [`f16_to_f32`](Self::f16_to_f32) with the output written by streaming
+    /// stores where the ISA has them, as
+    /// [`f32_to_f16_streamed`](Self::f32_to_f16_streamed). The same bits.
+    unsafe fn f16_to_f32_streamed(x: &[f16], out: &mut [f32]) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::f16_to_f32(x, out) }
+    }
 
     /// `(Σ (x - k), Σ (x - k)²)` in f64 over a run, in a fixed order every ISA
     /// follows: element `i` goes to lane `i % 16` (each `d = x - k` rounded,

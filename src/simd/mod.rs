@@ -49,9 +49,9 @@ pub use dispatch::{
     affine_quantize_f32_ahead, affine_quantize_f32_then_range, affine_quantize_f64,
     affine_quantize_int4_f32, affine_quantize_int4_f32_ahead, affine_quantize_int4_f32_then_range,
     bf16_to_f32, dequantize_scaled, dot_dequant_i4_rows, dot_dequant_i8_rows, f16_to_f32,
-    f32_to_bf16, f32_to_f16, f32_to_f16_streamed, f64_to_f32, f64_to_f32_odd, i8_dots,
-    i8_dots_packs, i8_products, pack_int4, pack_tokens, quantize_scaled, quantize_scaled_ahead,
-    quantize_scaled_then_absmax, range_f32, range_f64, row_range, rows_out,
+    f16_to_f32_streamed, f32_to_bf16, f32_to_f16, f32_to_f16_streamed, f64_to_f32, f64_to_f32_odd,
+    i8_dots, i8_dots_packs, i8_products, pack_int4, pack_tokens, quantize_scaled,
+    quantize_scaled_ahead, quantize_scaled_then_absmax, range_f32, range_f64, row_range, rows_out,
     scaled_blocks_dequantize, select_at_least, shifted_moments, unpack_int4, RowsOut,
 };
 pub use isa::{env_warning, Isa, ENV_SIMD};

@@ -60,8 +60,8 @@ fn large_inputs_do_not_depend_on_the_thread_count() {
 fn streamed_conversion_matches_scalar_at_every_offset() {
     use ferroquant::simd;
     use half::f16;
-    // The streamed primitive: a cached head up to a 64-byte line, aligned lines,
-    // a cached tail; every start within a line and lengths around a line.
+    // The streamed primitives: a cached head up to a 64-byte line, aligned
+    // lines, a cached tail; every start within a line, lengths around a line.
     let x = patterns(70_001, 41);
     for isa in Isa::supported() {
         for off in 0..33 {
@@ -72,6 +72,13 @@ fn streamed_conversion_matches_scalar_at_every_offset() {
                 simd::f32_to_f16(Isa::Scalar, &x[..n], &mut b[off..off + n]);
                 let bits = |v: &[f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{isa:?} offset {off} n {n}");
+                // And back: every half widened, streamed against scalar.
+                let mut c = vec![f32::from_bits(0x5555_5555); n + 66];
+                let mut d = c.clone();
+                simd::f16_to_f32_streamed(isa, &b[off..off + n], &mut c[off..off + n]);
+                simd::f16_to_f32(Isa::Scalar, &b[off..off + n], &mut d[off..off + n]);
+                let wide = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(wide(&c), wide(&d), "back {isa:?} offset {off} n {n}");
             }
         }
     }
@@ -92,5 +99,18 @@ fn one_thread_output_past_the_streaming_size_matches_scalar() {
     for r in runs {
         assert_eq!(r[0], 0);
         assert!(r[1..] == want[..]);
+    }
+    // And back: 16 MiB of floats and more, streamed on one thread.
+    let mut back = vec![0f32; n];
+    fp16_bits_to_fp32_with(Isa::Scalar, &want, &mut back).unwrap();
+    let back: Vec<u32> = back.iter().map(|f| f.to_bits()).collect();
+    let runs = with_threads(&[1, 2], |_| {
+        let mut a = vec![0f32; n + 1];
+        fp16_bits_to_fp32_with(Isa::detected(), &want, &mut a[1..]).unwrap();
+        a
+    });
+    for r in runs {
+        assert_eq!(r[0].to_bits(), 0);
+        assert!(r[1..].iter().map(|f| f.to_bits()).eq(back.iter().copied()));
     }
 }
