@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -1128,3 +1129,63 @@ def test_peak_memory_follows_the_largest_tensor_not_the_model(tmp_path):
         # Eight more 8 MiB tensors (64 MiB of input, 64 MiB restored): well under that.
         grown = peaks[command, 10] - peaks[command, 2]
         assert grown < 24 * 2**20, (command, peaks)
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_standard_output_that_fails_is_one_line_naming_it_and_what_was_written(
+    model, tmp_path, unbuffered
+):
+    # Buffered (the default), the table's write failed only in Python's flush at
+    # exit: "Exception ignored ... OSError" on two lines and status 120; unbuffered,
+    # the error named no file, though the output was complete and in place.
+    out = tmp_path / "q.safetensors"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    for args, written in (
+        (["quantize", str(model), "-o", str(out), "--no-progress"], out),
+        (["inspect", str(model)], None),
+        (["compare", str(model), "--json", "--no-progress"], None),
+    ):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(
+                [sys.executable, "-m", "ferroquant", *args],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                timeout=120,
+                check=False,
+            )
+        assert r.returncode == 1, (args, r.stderr)
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            "ferroquant: error: cannot write to standard output: No space left on device"
+        ), (args, r.stderr)
+        if written is not None:
+            assert lines[0].endswith(f"({written} written)")
+            assert fq.load(written)["encoder.layer.0.weight"].shape == (96, 80)
+
+
+def test_a_closed_standard_output_is_refused_before_any_work(model, tmp_path):
+    # With descriptor 1 closed, Python's sys.stdout is None and print() drops
+    # everything: `compare --json` exited 0 having shown nothing.
+    out = tmp_path / "q.safetensors"
+    for args in (
+        ["compare", str(model), "--json", "--no-progress"],
+        ["inspect", str(model)],
+        ["quantize", str(model), "-o", str(out), "--no-progress"],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "ferroquant", *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+            preexec_fn=lambda: os.close(1),
+        )
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stderr.splitlines() == [
+            "ferroquant: error: standard output is closed: nothing this command prints could show"
+        ]
+    assert not out.exists()

