@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -1189,3 +1190,50 @@ def test_a_closed_standard_output_is_refused_before_any_work(model, tmp_path):
             "ferroquant: error: standard output is closed: nothing this command prints could show"
         ]
     assert not out.exists()
+
+
+def _raw_tensors(path: Path) -> dict:
+    """name -> (dtype tag, shape, bytes) straight from a safetensors file's header."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__", None)
+    base = 8 + n
+    return {
+        k: (v["dtype"], v["shape"], data[base + v["data_offsets"][0] : base + v["data_offsets"][1]])
+        for k, v in header.items()
+    }
+
+
+def test_tensors_numpy_cannot_hold_are_listed_and_copied_byte_for_byte(tmp_path):
+    # Sub-byte floats (F4, F6_*) are valid safetensors; inspect and quantize used to
+    # stop at the first one ("NumPy cannot hold"), where §8 copies what it does not
+    # quantize.
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    src = tmp_path / "m.safetensors"
+    header = {
+        "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+        "p": {"dtype": "F4", "shape": [2, 4], "data_offsets": [24, 28]},
+        "q": {"dtype": "F6_E3M2", "shape": [4], "data_offsets": [28, 31]},
+    }
+    src.write_bytes(craft(header, w.tobytes() + bytes([0x12, 0x34, 0x56, 0x78, 9, 10, 11])))
+    opaque = {k: v for k, v in _raw_tensors(src).items() if k != "w"}
+    r = cli("inspect", str(src))
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[2:5]}
+    assert rows["p"][1:4] == ["array", "F4", "2x4"] and rows["q"][1:4] == ["array", "F6_E3M2", "4"]
+    q, d = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
+    r = cli("quantize", str(src), "-o", str(q), "--scheme", "int8", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "1 of 3 tensors quantized" in r.stdout
+    got = _raw_tensors(q)
+    assert {k: got[k] for k in opaque} == opaque
+    r = cli("dequantize", str(q), "-o", str(d))
+    assert r.returncode == 0, r.stderr
+    got = _raw_tensors(d)
+    assert {k: got[k] for k in opaque} == opaque
+    assert got["w"][:2] == ("F32", [2, 3])
+    np.testing.assert_allclose(np.frombuffer(got["w"][2], np.float32).reshape(2, 3), w, atol=0.03)
+    # The library's load has no array to give for them: still a FormatError.
+    with pytest.raises(fq.FormatError, match="'p' has dtype F4"):
+        fq.load(src)

@@ -481,6 +481,22 @@ class ArrayHeader(NamedTuple):
     nbytes: int
 
 
+class OpaqueTensor:
+    """A tensor whose elements NumPy cannot hold (safetensors' sub-byte ``F4``,
+    ``F6_E2M3``, ``F6_E3M2``): its dtype tag, shape and raw bytes (``data``, None
+    when only the header was read), which the command line copies unchanged."""
+
+    __slots__ = ("data", "dtype_tag", "nbytes", "shape")
+
+    def __init__(
+        self, dtype_tag: str, shape: Tuple[int, ...], nbytes: int, data: Optional[np.ndarray]
+    ) -> None:
+        self.dtype_tag = dtype_tag
+        self.shape = shape
+        self.nbytes = nbytes
+        self.data = data
+
+
 class Tensor:
     """Where one tensor's bytes are: dtype, shape and absolute byte offset."""
 
@@ -715,8 +731,12 @@ class FileReader:
 
     Tensors are read with ``readinto`` rather than through a memory map: a file
     truncated or rewritten while it is read then gives a FormatError instead of
-    killing the process with SIGBUS.
+    killing the process with SIGBUS. With ``opaque`` (the command line's reader), a
+    plain tensor NumPy cannot hold comes from :meth:`entries` as an
+    :class:`OpaqueTensor` instead of a FormatError.
     """
+
+    opaque = False
 
     def __init__(self, path: PathLike) -> None:
         self.path = os.fspath(path)
@@ -742,22 +762,52 @@ class FileReader:
         """A read-only array holding tensor ``name``."""
         t = self.tensors[name]
         arr = np.empty(t.shape, _numpy_dtype(t, name, self.path))
+        self._read_into(name, arr.reshape(-1).view(np.uint8))
+        arr.flags.writeable = False
+        return arr
+
+    def _read_into(self, name: str, raw: np.ndarray) -> None:
+        """Fill ``raw`` (uint8, the tensor's byte count) with tensor ``name``'s bytes."""
+        t = self.tensors[name]
         if t.nbytes:
             self._f.seek(t.offset)
-            raw: Any = arr.reshape(-1).view(np.uint8)
             got = self._f.readinto(raw)  # type: ignore[attr-defined]
             if got != t.nbytes:
                 raise FormatError(
                     f"{self.path}: tensor {name!r} is cut short ({got} of {t.nbytes} bytes): "
                     "the file changed while it was read"
                 )
-        arr.flags.writeable = False
-        return arr
+
+    def is_opaque(self, name: str) -> bool:
+        """Whether tensor ``name`` has a dtype NumPy cannot hold."""
+        return self.tensors[name].dtype_tag not in _TAGS
+
+    def opaque_tensor(self, name: str, read: bool = True) -> OpaqueTensor:
+        """Tensor ``name`` (one :meth:`is_opaque`) as its dtype tag, shape and bytes
+        (read only with ``read``)."""
+        t = self.tensors[name]
+        data = None
+        if read:
+            data = np.empty(t.nbytes, np.uint8)
+            self._read_into(name, data)
+            data.flags.writeable = False
+        return OpaqueTensor(t.dtype_tag, tuple(t.shape), t.nbytes, data)
 
     def entries(self, read_plain: bool = True) -> Iterator[Tuple[str, Any]]:
         """Yield (name, value) one at a time (quantized values are rebuilt). With
-        ``read_plain=False`` a plain array comes as its :class:`ArrayHeader`, unread."""
-        return decode(self.tensors, self.metadata, self.get, None if read_plain else self.header)
+        ``read_plain=False`` a plain array comes as its :class:`ArrayHeader`, unread;
+        with :attr:`opaque`, a plain tensor NumPy cannot hold as an :class:`OpaqueTensor`
+        (a quantized value's arrays must still be NumPy's)."""
+        strict = self.get if read_plain else self.header
+        if not self.opaque:
+            return decode(self.tensors, self.metadata, self.get, strict)
+
+        def plain(name: str) -> Any:
+            if self.is_opaque(name):
+                return self.opaque_tensor(name, read_plain)
+            return strict(name)
+
+        return decode(self.tensors, self.metadata, self.get, plain)
 
     def header(self, name: str) -> ArrayHeader:
         """Tensor ``name`` as the header describes it (FormatError for a dtype NumPy

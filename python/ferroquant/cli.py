@@ -33,7 +33,14 @@ import numpy as np
 from . import __version__
 from . import _ferroquant as _native
 from ._checks import FLOAT_DTYPES, is_float_dtype
-from ._format import ENTRY_PREFIX, ArrayHeader, open_regular, unique_keys, write_file
+from ._format import (
+    ENTRY_PREFIX,
+    ArrayHeader,
+    OpaqueTensor,
+    open_regular,
+    unique_keys,
+    write_file,
+)
 from .errors import FormatError, QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
@@ -385,6 +392,18 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
     with writer_of as writer, _progress(len(reader.names), show) as bar:
         for name in reader.names:
             bar.set_postfix_str(name[-40:], refresh=False)
+            if reader.is_opaque(name):
+                # Elements narrower than a byte (F4, F6_*): NumPy cannot hold them, and
+                # no scheme reads them; copied as their bytes.
+                raw = reader.opaque_tensor(name)
+                writer.add(name, raw)
+                in_bytes += raw.nbytes
+                out_bytes += raw.nbytes
+                dims = "x".join(map(str, raw.shape)) or "()"
+                rows.append([_shown(name), dims, "copied", "-", _fmt_bytes(raw.nbytes)])
+                rows[-1] += ["1.00x", "-", "-", "-"]
+                bar.update(1)
+                continue
             arr = reader.get(name)
             in_bytes += arr.nbytes
             # Its arrays would be stored as `name::<role>`: never over another tensor.
@@ -1034,12 +1053,12 @@ def _inspect(reader: TensorReader) -> int:
     total = 0
     # Plain arrays from the header alone: a tensor larger than memory lists too.
     for name, value in reader.entries(read_plain=False):
-        if isinstance(value, ArrayHeader):
+        if isinstance(value, (ArrayHeader, OpaqueTensor)):
             rows.append(
                 [
                     _shown(name),
                     "array",
-                    str(value.dtype),
+                    value.dtype_tag if isinstance(value, OpaqueTensor) else str(value.dtype),
                     "x".join(map(str, value.shape)) or "()",
                     _fmt_bytes(value.nbytes),
                     "-",
@@ -1136,6 +1155,10 @@ def _dequantize(reader: TensorReader, out: Path, replace: bool = True) -> int:
         for name, value in reader.entries():
             if isinstance(value, QuantizedModel):
                 n += _add_model(writer, value)
+                continue
+            if isinstance(value, OpaqueTensor):  # elements NumPy cannot hold: as they are
+                copied += 1
+                writer.add(name, value)
                 continue
             if not isinstance(value, np.ndarray) and not hasattr(value, "dequantize"):
                 print(

@@ -83,7 +83,10 @@ def load_bytes(data: bytes) -> Dict[str, Entry]:
 
 
 class TensorReader(_format.FileReader):
-    """A safetensors file opened for lazy, one-tensor-at-a-time reads (used by the CLI)."""
+    """A safetensors file opened for lazy, one-tensor-at-a-time reads (used by the CLI,
+    which copies a tensor NumPy cannot hold as its bytes: see ``FileReader.opaque``)."""
+
+    opaque = True
 
 
 class StreamingWriter:
@@ -124,7 +127,17 @@ class StreamingWriter:
         with self._lock:
             if self._spill.closed:
                 raise ValueError(f"the writer of {os.fspath(self._path)!r} is closed")
-            flat, meta = _format.flatten({name: value}, None)
+            if isinstance(value, _format.OpaqueTensor):
+                if value.data is None:
+                    raise ValueError(f"tensor {name!r}: only its header was read")
+                flat: Dict[str, Any] = {name: value.data}
+                meta: Dict[str, str] = {}
+                tags = {name: value.dtype_tag}
+                shapes = {name: list(value.shape)}
+            else:
+                flat, meta = _format.flatten({name: value}, None)
+                tags = {key: _format.writer_tag(arr) for key, arr in flat.items()}
+                shapes = {key: list(arr.shape) for key, arr in flat.items()}
             if name in self._names:
                 raise ValueError(f"tensor name {name!r} is used twice")
             for key in flat:
@@ -138,7 +151,7 @@ class StreamingWriter:
                     if e.errno is None:  # not the system's (a forked child's use)
                         raise
                     raise OSError(e.errno, e.strerror, os.fspath(self._path)) from None
-                self._index[key] = (_format.writer_tag(arr), list(arr.shape), offset, arr.nbytes)
+                self._index[key] = (tags[key], shapes[key], offset, arr.nbytes)
             self._names.add(name)
             self._meta.update(meta)
 
