@@ -10,7 +10,7 @@
 //! non-finite input is an error (2) and nothing is modified.
 
 use crate::element::Float;
-use crate::error::{QuantError, Result};
+use crate::error::{try_filled, QuantError, Result};
 use crate::simd::{self, Isa, F32_INF_BITS};
 
 /// Seed 002's `SmoothQuantConfig`.
@@ -83,20 +83,34 @@ fn first_non_finite_of<T: Float>(x: &[T]) -> Option<usize> {
 ///
 /// Errors: `ShapeMismatch` when a matrix does not tile into rows of `cols`;
 /// `InvalidConfig` for a config outside [`SmoothQuantConfig::new`]'s domain;
-/// `NonFinite` naming the argument and the first NaN or infinity.
-///
-/// The `cols` factors are allocated as `vec!` does (an impossible `cols` with
-/// empty matrices aborts or panics like any `Vec`); pass your own buffer to
-/// [`compute_smooth_factors_into`] to handle that yourself.
+/// `NonFinite` naming the argument and the first NaN or infinity;
+/// `OutOfMemory` when the `cols` factors cannot be allocated (empty matrices
+/// of an impossible width: no input slice backs `cols`).
 pub fn compute_smooth_factors<A: Float, W: Float>(
     activations: &[A],
     weights: &[W],
     cols: usize,
     config: &SmoothQuantConfig,
 ) -> Result<Vec<f32>> {
-    let mut out = vec![0f32; cols];
+    // Shapes first: a matrix that does not tile is the error to report.
+    check_tiles(activations.len(), weights.len(), cols)?;
+    let mut out = try_filled(cols, 0f32, "the smoothing factors")?;
     compute_smooth_factors_into(activations, weights, cols, config, &mut out)?;
     Ok(out)
+}
+
+/// `ShapeMismatch` naming the matrix whose length is not whole rows of `cols`.
+fn check_tiles(activations: usize, weights: usize, cols: usize) -> Result<()> {
+    for (arg, len) in [("activations", activations), ("weights", weights)] {
+        if !len.is_multiple_of(cols) {
+            return Err(QuantError::ShapeMismatch {
+                arg,
+                expected: format!("rows of {cols} values"),
+                actual: format!("{len} values"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// [`compute_smooth_factors`] into a caller's `out` of `cols` values (no
@@ -108,18 +122,7 @@ pub fn compute_smooth_factors_into<A: Float, W: Float>(
     config: &SmoothQuantConfig,
     out: &mut [f32],
 ) -> Result<()> {
-    for (arg, len) in [
-        ("activations", activations.len()),
-        ("weights", weights.len()),
-    ] {
-        if !len.is_multiple_of(cols) {
-            return Err(QuantError::ShapeMismatch {
-                arg,
-                expected: format!("rows of {cols} values"),
-                actual: format!("{len} values"),
-            });
-        }
-    }
+    check_tiles(activations.len(), weights.len(), cols)?;
     if out.len() != cols {
         return Err(QuantError::len_mismatch("out", cols, out.len()));
     }
@@ -329,6 +332,30 @@ mod tests {
         let want1 = ((4.0f32 + eps).powf(0.5) / (9.0f32 + eps).powf(0.5)).max(eps);
         assert_eq!(s, vec![want0, want1]);
         Ok(())
+    }
+
+    #[test]
+    fn an_impossible_width_is_an_error_not_an_abort() {
+        // Empty matrices tile into rows of any width: only the factors' own
+        // allocation can fail (it aborted, or panicked on capacity overflow).
+        let c = SmoothQuantConfig::default();
+        let got = compute_smooth_factors::<f32, f32>(&[], &[], 1 << 62, &c);
+        assert!(
+            matches!(got, Err(QuantError::OutOfMemory { bytes, .. }) if bytes == usize::MAX),
+            "{got:?}"
+        );
+        // A matrix that does not tile is still the error reported first.
+        let got = compute_smooth_factors::<f32, f32>(&[1.0], &[], 1 << 62, &c);
+        assert!(
+            matches!(
+                got,
+                Err(QuantError::ShapeMismatch {
+                    arg: "activations",
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
     }
 
     #[test]
