@@ -68,6 +68,48 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     tmp.persist(&real).map(drop).map_err(|e| named(e.error))
 }
 
+/// The bytes of the regular file `path`, as `std::fs::read` reads them, but
+/// checked first: a FIFO (which would block until a writer comes), a device
+/// (`/dev/zero` never ends) or a directory is refused before any read. The
+/// file is opened without blocking, so opening a FIFO returns at once.
+///
+/// Errors: `IsADirectory` for a directory, `InvalidInput` for anything else
+/// that is not a regular file, else what opening or reading returns
+/// (`OutOfMemory` for a file larger than the memory to hold it); each names
+/// `path`.
+pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let named = |e: io::Error| named_error(e, path);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(nix::libc::O_NONBLOCK);
+    }
+    let mut file = options.open(path).map_err(named)?;
+    let meta = file.metadata().map_err(named)?;
+    if meta.is_dir() {
+        return Err(named(io::ErrorKind::IsADirectory.into()));
+    }
+    if !meta.is_file() {
+        return Err(named(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    let mut bytes = Vec::new();
+    let hint = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+    bytes.try_reserve_exact(hint).map_err(|_| {
+        named(io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!("{hint} bytes cannot be allocated"),
+        ))
+    })?;
+    file.read_to_end(&mut bytes).map_err(named)?;
+    Ok(bytes)
+}
+
 /// `path` with symbolic links in its last component followed to the end,
 /// the last one possibly missing (a new file where a dangling link points).
 /// At most [`MAX_LINKS`] links, as the kernel follows.

@@ -297,7 +297,9 @@ fn fmt_count(n: Option<usize>) -> String {
 pub struct QuantizedWeights {
     /// Layer name.
     pub name: String,
-    /// Codes in `[-127, 127]`, row-major.
+    /// Codes, row-major: `from_f32` gives `[-127, 127]`; a loaded or
+    /// hand-built layer may hold any int8 (SPEC §5 refuses only values outside
+    /// the int8 range).
     pub weights_i8: Vec<i8>,
     /// Weight shape (`[out_features, in_features]` for a linear layer).
     pub shape: Vec<usize>,
@@ -549,8 +551,12 @@ impl QuantizedModel {
 
     /// Read a model [`save`](Self::save) (or the seed) wrote; malformed
     /// content is an `InvalidData` error carrying the [`QuantError`].
+    ///
+    /// Errors: also those of [`crate::formats::read_regular`]: a directory, a
+    /// FIFO or a device is refused before any read (a FIFO without a writer
+    /// would block forever), naming `path`.
     pub fn load(path: &Path) -> std::io::Result<Self> {
-        let bytes = std::fs::read(path)?;
+        let bytes = crate::formats::read_regular(path)?;
         Self::from_json(&bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
     }
 }
@@ -583,6 +589,28 @@ pub fn quantize_model_weights(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_refuses_what_is_not_a_regular_file_without_blocking() {
+        // A review: a FIFO with no writer blocked `load` forever.
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("model.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = fifo.clone();
+        std::thread::spawn(move || tx.send(QuantizedModel::load(&at).map(drop)));
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20));
+        let e = got.expect("load blocked on a FIFO").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("model.json"), "{e}");
+        for (path, kind) in [
+            (dir.path(), std::io::ErrorKind::IsADirectory),
+            (Path::new("/dev/zero"), std::io::ErrorKind::InvalidInput),
+        ] {
+            let e = QuantizedModel::load(path).map(drop).unwrap_err();
+            assert_eq!(e.kind(), kind, "{}: {e}", path.display());
+        }
+    }
 
     #[test]
     fn a_model_that_cannot_be_saved_leaves_the_file_as_it_was() -> Result<()> {
