@@ -6,6 +6,13 @@
 //! explicitly, so tests can compare every path against the scalar one.
 //! Outputs are caller-allocated slices; nothing is written to them before
 //! validation passes, and on error their contents are unspecified.
+//!
+//! Inputs to quantize are checked for NaN and infinity (`NonFinite`). The
+//! scales and zero points that dequantizing functions and
+//! [`linear::linear_forward`] take are trusted as the quantizers made them:
+//! their lengths are checked, their values are not, so a NaN or infinite
+//! scale gives NaN or infinite outputs, as in the seeds. (The Python
+//! package's dataclasses check them when built or loaded.)
 
 pub mod affine;
 pub mod bitnet;
