@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1147,6 +1149,8 @@ def test_a_standard_output_that_fails_is_one_line_naming_it_and_what_was_written
         (["quantize", str(model), "-o", str(out), "--no-progress"], out),
         (["inspect", str(model)], None),
         (["compare", str(model), "--json", "--no-progress"], None),
+        (["--help"], None),  # printed by argparse, before any command runs
+        (["--version"], None),
     ):
         with open("/dev/full", "w") as full:
             r = subprocess.run(
@@ -1237,3 +1241,80 @@ def test_tensors_numpy_cannot_hold_are_listed_and_copied_byte_for_byte(tmp_path)
     # The library's load has no array to give for them: still a FormatError.
     with pytest.raises(fq.FormatError, match="'p' has dtype F4"):
         fq.load(src)
+
+
+def test_main_in_process_keeps_the_callers_stream_and_descriptors(model, monkeypatch):
+    # main() wraps sys.stdout while it runs: a stream whose write returns None (a
+    # simple logger) failed every command ("int() argument must be ..."), and a
+    # failing one had main() point the host's descriptor 1 at /dev/null, leaking a
+    # descriptor each time.
+    from ferroquant import cli as cli_module
+
+    class Log:
+        def __init__(self) -> None:
+            self.parts: list = []
+
+        def write(self, text: str) -> None:
+            self.parts.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    log = Log()
+    monkeypatch.setattr(sys, "stdout", log)
+    assert cli_module.main(["inspect", str(model)]) == 0
+    assert sys.stdout is log and "encoder.layer.0.weight" in "".join(log.parts)
+
+    class Full(Log):
+        def write(self, text: str) -> None:
+            raise OSError(28, "No space left on device")
+
+    fd1 = os.readlink("/proc/self/fd/1")
+    fds = len(os.listdir("/proc/self/fd"))
+    errors = []
+    monkeypatch.setattr(sys, "stderr", Log())
+    for _ in range(3):
+        full = Full()
+        monkeypatch.setattr(sys, "stdout", full)
+        assert cli_module.main(["inspect", str(model)]) == 1
+        assert sys.stdout is full
+        errors.append("".join(sys.stderr.parts))
+        sys.stderr.parts.clear()
+    assert (
+        errors
+        == ["ferroquant: error: cannot write to standard output: No space left on device\n"] * 3
+    )
+    assert os.readlink("/proc/self/fd/1") == fd1
+    assert len(os.listdir("/proc/self/fd")) == fds
+    # No standard error either: still a status, not an exception.
+    monkeypatch.setattr(sys, "stderr", None)
+    assert cli_module.main(["inspect", str(model)]) == 1
+
+
+def test_a_signal_after_the_output_is_in_place_says_it_was_written(tmp_path):
+    # Stopped while blocked printing the summary (a reader that does not read), the
+    # run said only "terminated": the complete output it leaves was not named.
+    src, out = tmp_path / "many.safetensors", tmp_path / "q.safetensors"
+    stn.save_file(
+        {f"layer{i:04d}.weight": np.ones((2, 2), np.float32) for i in range(3000)}, str(src)
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ferroquant", "quantize", str(src), "-o", str(out), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.exists(), "the output never appeared"
+        time.sleep(0.3)  # into the summary: ~200 KB against a 64 KiB pipe
+        assert p.poll() is None, "it did not block on the unread pipe"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == f"ferroquant: terminated (SIGTERM) ({out} written)"
+    assert len(fq.load(out)) == 3000

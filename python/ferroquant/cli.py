@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -98,8 +99,8 @@ class _Stdout:
         except OSError as e:
             raise _StdoutFailed(e.strerror or str(e)) from None
 
-    def write(self, text: str) -> int:
-        return int(self._call("write", text))
+    def write(self, text: str) -> Any:
+        return self._call("write", text)  # as the stream returns it (None for some)
 
     def flush(self) -> None:
         self._call("flush")
@@ -108,14 +109,40 @@ class _Stdout:
         return getattr(self._inner, name)
 
 
-#: Files a command has put in place, for the message when its summary then cannot be
-#: printed (the file is complete: only the report of it failed).
-_written: List[str] = []
+class _RunState(threading.local):
+    """What one thread's :func:`main` records as it runs."""
+
+    def __init__(self) -> None:
+        #: Files the command has put in place, for the message when its summary then
+        #: cannot be printed, or a signal stops it (the file is complete: only the
+        #: report of it failed).
+        self.written: List[str] = []
+        #: Whether standard output failed, or its reader went away (see :func:`run`).
+        self.stdout_lost = False
+
+
+_state = _RunState()
 
 
 def _committed(path: Any) -> None:
     """Record that ``path`` is written (see :class:`_Stdout`)."""
-    _written.append(_path_shown(path))
+    _state.written.append(_path_shown(path))
+
+
+def _written_note() -> str:
+    """`` (OUT written)`` after a command put files in place, else nothing."""
+    written = _state.written
+    return f" ({', '.join(written)} written)" if written else ""
+
+
+def _say(text: str) -> None:
+    """Print a line to standard error, if there is one (never to standard output,
+    where ``print(file=None)`` would send it)."""
+    if sys.stderr is not None:
+        try:
+            print(text, file=sys.stderr)
+        except (OSError, ValueError):
+            pass
 
 
 def demo_model_path() -> Path:
@@ -1296,8 +1323,68 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run() -> None:
+    """The ``ferroquant`` script and ``python -m ferroquant``: :func:`main`, then, when
+    standard output failed or its reader went away, what is still buffered for it is
+    dropped (pointed at ``/dev/null``): Python's own flush at exit would fail again,
+    "Exception ignored ..." and status 120. :func:`main` itself leaves the caller's
+    descriptors alone."""
+    status = main()
+    if _state.stdout_lost and sys.stdout is not None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+    raise SystemExit(status)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status (argparse's ``SystemExit`` for
+    ``--help``, ``--version`` and usage errors).
+
+    While it runs, ``sys.stdout`` is wrapped (see :class:`_Stdout`) and flushed before
+    returning: a standard output that cannot be written is one error line and status 1,
+    one whose reader went away (``| head``) status 0, and a closed one (``>&-``) is
+    refused before any work.
+    """
+    _state.stdout_lost = False
+    _state.written.clear()
+    saved = sys.stdout
+    if saved is None:  # started with its descriptor closed: nothing could show
+        _say("ferroquant: error: standard output is closed: nothing this command prints could show")
+        return 1
+    # Another thread's main() may have wrapped it already: used as it is, and left
+    # for that thread to put back.
+    wrapped = not isinstance(saved, _Stdout)
+    if wrapped:
+        sys.stdout = _Stdout(saved)
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit:  # --help, --version, a usage error: argparse's exit
+            sys.stdout.flush()
+            raise
+        # Here, not at exit: a failure there is Python's two lines and status 120.
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # The reader went away (`ferroquant inspect f | head`): not an error of ours.
+        _state.stdout_lost = True
+        return 0
+    except _StdoutFailed as e:
+        _state.stdout_lost = True
+        _say(f"ferroquant: error: cannot write to standard output: {e}{_written_note()}")
+        return 1
+    finally:
+        if wrapped:
+            sys.stdout = saved
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     args = build_parser().parse_args(argv)
 
     def one_line(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
@@ -1334,7 +1421,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except _Terminated as e:
             status = _terminated(e)
         except KeyboardInterrupt:  # Ctrl-C before _run's own handling
-            print("ferroquant: interrupted", file=sys.stderr)
+            print(f"ferroquant: interrupted{_written_note()}", file=sys.stderr)
             status = 130
     finally:
         done = True
@@ -1346,44 +1433,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _terminated(e: _Terminated) -> int:
-    print(f"ferroquant: terminated ({signal.Signals(e.signum).name})", file=sys.stderr)
+    name = signal.Signals(e.signum).name
+    print(f"ferroquant: terminated ({name}){_written_note()}", file=sys.stderr)
     return 128 + e.signum
 
 
 def _run(args: argparse.Namespace, one_line: Any) -> int:
     """Run the chosen command; every failure becomes one line and an exit status."""
-    _written.clear()
-    saved = sys.stdout
     try:
-        if saved is None:  # started with its descriptor closed (`>&-`): nothing could show
-            raise CliError("standard output is closed: nothing this command prints could show")
-        sys.stdout = _Stdout(saved)
         with warnings.catch_warnings():
             warnings.showwarning = one_line
-            status = int(args.func(args))
-        # Here, not at exit: a failure there is Python's two lines and status 120.
-        sys.stdout.flush()
-        return status
-    except _StdoutFailed as e:
-        done = f" ({', '.join(_written)} written)" if _written else ""
-        print(f"ferroquant: error: cannot write to standard output: {e}{done}", file=sys.stderr)
-        try:  # drop what is still buffered: Python's flush at exit would fail again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), saved.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
-        return 1
-    except BrokenPipeError:
-        # The reader went away (`ferroquant inspect f | head`): not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+            return int(args.func(args))
+    except (_StdoutFailed, BrokenPipeError):  # standard output's own: see main()
+        raise
     except _Terminated as e:
         return _terminated(e)
     except MemoryError:
         print("ferroquant: error: out of memory", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("ferroquant: interrupted", file=sys.stderr)
+        print(f"ferroquant: interrupted{_written_note()}", file=sys.stderr)
         return 130
     except (CliError, QuantizationError, OSError, TypeError, ValueError) as e:
         msg = _one_line(str(e)) if str(e) else type(e).__name__
@@ -1396,6 +1465,3 @@ def _run(args: argparse.Namespace, one_line: Any) -> int:
         first = _one_line(str(e))
         print(f"ferroquant: error: unexpected {type(e).__name__}: {first}", file=sys.stderr)
         return 1
-    finally:
-        if isinstance(sys.stdout, _Stdout):
-            sys.stdout = saved
