@@ -83,6 +83,13 @@ impl fmt::Display for QuantError {
                  overflows float16 (largest finite 65504); use float32 scales"
             ),
             QuantError::Format { msg } => write!(f, "malformed data: {msg}"),
+            QuantError::OutOfMemory { what, bytes } if *bytes == usize::MAX => {
+                // Saturated: the size itself does not fit in usize.
+                write!(
+                    f,
+                    "out of memory: {what} would take more than {bytes} bytes"
+                )
+            }
             QuantError::OutOfMemory { what, bytes } => {
                 write!(
                     f,

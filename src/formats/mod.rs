@@ -80,6 +80,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     use std::io::Read;
     let named = |e: io::Error| named_error(e, path);
+    // Checked before opening too: opening a FIFO, even to refuse it, would
+    // release a writer blocked in its own open(2) into a pipe nobody reads.
+    let kind = std::fs::metadata(path).map_err(named)?.file_type();
+    if kind.is_dir() {
+        return Err(named(io::ErrorKind::IsADirectory.into()));
+    }
+    if !kind.is_file() {
+        return Err(named(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
@@ -88,6 +100,7 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
         options.custom_flags(nix::libc::O_NONBLOCK);
     }
     let mut file = options.open(path).map_err(named)?;
+    // Again on what was opened: the path may have been replaced in between.
     let meta = file.metadata().map_err(named)?;
     if meta.is_dir() {
         return Err(named(io::ErrorKind::IsADirectory.into()));
@@ -152,6 +165,9 @@ struct AtPath {
 
 impl std::fmt::Display for AtPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.as_os_str().is_empty() {
+            return write!(f, "'' (an empty path): {}", self.text);
+        }
         write!(f, "{}: {}", self.path.display(), self.text)
     }
 }

@@ -597,7 +597,7 @@ mod tests {
         let fifo = dir.path().join("model.json");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        let at = fifo.clone();
+        let (at, fifo_path) = (fifo.clone(), fifo.clone());
         std::thread::spawn(move || tx.send(QuantizedModel::load(&at).map(drop)));
         let got = rx.recv_timeout(std::time::Duration::from_secs(20));
         let e = got.expect("load blocked on a FIFO").unwrap_err();
@@ -610,6 +610,18 @@ mod tests {
             let e = QuantizedModel::load(path).map(drop).unwrap_err();
             assert_eq!(e.kind(), kind, "{}: {e}", path.display());
         }
+        let e = QuantizedModel::load(Path::new("")).map(drop).unwrap_err();
+        assert!(e.to_string().starts_with("'' (an empty path): "), "{e}");
+        // Refused without being opened: a writer blocked opening the FIFO stays
+        // blocked (opening it to refuse it released the writer into nothing).
+        let writer = std::thread::spawn(move || std::fs::write(&fifo, b"{}"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(QuantizedModel::load(&fifo_path).is_err());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!writer.is_finished(), "load opened the FIFO");
+        // Let the writer go: a reader opens the FIFO and takes what it writes.
+        std::fs::read(&fifo_path).unwrap();
+        writer.join().unwrap().unwrap();
     }
 
     #[test]

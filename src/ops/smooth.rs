@@ -92,8 +92,10 @@ pub fn compute_smooth_factors<A: Float, W: Float>(
     cols: usize,
     config: &SmoothQuantConfig,
 ) -> Result<Vec<f32>> {
-    // Shapes first: a matrix that does not tile is the error to report.
+    // Shapes and config first: they are the errors to report, not the
+    // allocation's.
     check_tiles(activations.len(), weights.len(), cols)?;
+    SmoothQuantConfig::new(config.alpha, config.epsilon)?;
     let mut out = try_filled(cols, 0f32, "the smoothing factors")?;
     compute_smooth_factors_into(activations, weights, cols, config, &mut out)?;
     Ok(out)
@@ -344,7 +346,8 @@ mod tests {
             matches!(got, Err(QuantError::OutOfMemory { bytes, .. }) if bytes == usize::MAX),
             "{got:?}"
         );
-        // A matrix that does not tile is still the error reported first.
+        assert!(got.unwrap_err().to_string().contains("more than"));
+        // A matrix that does not tile, or a bad config, is still the error reported.
         let got = compute_smooth_factors::<f32, f32>(&[1.0], &[], 1 << 62, &c);
         assert!(
             matches!(
@@ -354,6 +357,15 @@ mod tests {
                     ..
                 })
             ),
+            "{got:?}"
+        );
+        let bad = SmoothQuantConfig {
+            alpha: 2.0,
+            ..SmoothQuantConfig::default()
+        };
+        let got = compute_smooth_factors::<f32, f32>(&[], &[], 1 << 62, &bad);
+        assert!(
+            matches!(got, Err(QuantError::InvalidConfig { .. })),
             "{got:?}"
         );
     }
