@@ -8,6 +8,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -1318,3 +1319,126 @@ def test_a_signal_after_the_output_is_in_place_says_it_was_written(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, err
     assert err.strip().splitlines()[-1] == f"ferroquant: terminated (SIGTERM) ({out} written)"
     assert len(fq.load(out)) == 3000
+
+
+def _full_pipe() -> tuple:
+    """A pipe already full that nobody reads (read end, write end): a write blocks."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(w, True)
+    return r, w
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_last_output_blocks_is_one_line_and_no_hang(model, tmp_path, signame):
+    # Buffered, the table waits for main()'s last flush; the handlers used to be put
+    # back before it: SIGTERM killed the process without a word (a complete output
+    # unnamed), SIGINT gave a traceback and then hung in Python's flush at exit.
+    signum = getattr(signal, signame)
+    out = tmp_path / "q.safetensors"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r, w = _full_pipe()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ferroquant", "quantize", str(model), "-o", str(out)],
+        stdout=w,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    os.close(w)
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the summary, which cannot be written
+        assert p.poll() is None, p.communicate()
+        p.send_signal(signum)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        os.close(r)
+    said = "interrupted" if signame == "SIGINT" else f"terminated ({signame})"
+    assert p.returncode == 128 + signum, err
+    assert err.splitlines() == [f"ferroquant: {said} ({out} written)"]
+
+
+def test_a_standard_error_that_cannot_be_written_changes_no_outcome(model, tmp_path):
+    # A closed pipe on stderr was taken for standard output's reader going away:
+    # failed commands exited 0, and a warning aborted a run that would have worked.
+    src = tmp_path / "clash.safetensors"
+    stn.save_file({"x": np.ones((4, 4), np.float32), "x::y": np.ones((4, 4), np.float32)}, str(src))
+    out = tmp_path / "q.safetensors"
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        for args, status in (
+            (["inspect", str(tmp_path / "missing.safetensors")], 1),
+            (["quantize", str(model), "-o", str(out), "--scheme", "nonsense"], 1),
+            (["quantize", str(src), "-o", str(out), "--no-progress"], 0),  # warns: x is copied
+        ):
+            p = subprocess.run(
+                [sys.executable, "-m", "ferroquant", *args],
+                stdout=subprocess.DEVNULL,
+                stderr=w,
+                timeout=120,
+                check=False,
+            )
+            assert p.returncode == status, args
+    finally:
+        os.close(w)
+    assert sorted(fq.load(out)) == ["x", "x::y"]
+
+
+def test_main_in_a_thread_nested_or_twice_at_once(model, tmp_path, monkeypatch):
+    from ferroquant import cli as cli_module
+
+    # From a thread (no signal handlers there): a status, not "signal only works in
+    # main thread" once the work was done.
+    out = tmp_path / "t.safetensors"
+    got: dict = {}
+
+    def in_thread() -> None:
+        got["status"] = cli_module.main(["quantize", str(model), "-o", str(out), "--no-progress"])
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join(timeout=120)
+    assert got == {"status": 0} and out.exists()
+
+    # A run inside the stream's write (a logger that runs the CLI) keeps the outer
+    # run's record of what it wrote.
+    class Nesting:
+        def __init__(self) -> None:
+            self.inner: list = []
+
+        def write(self, text: str) -> None:
+            if not self.inner:
+                self.inner.append(cli_module.main(["inspect", str(tmp_path / "missing")]))
+            raise OSError(28, "No space left on device")
+
+        def flush(self) -> None:
+            pass
+
+    class Log:
+        def __init__(self) -> None:
+            self.parts: list = []
+
+        def write(self, text: str) -> None:
+            self.parts.append(text)
+
+    nesting, log = Nesting(), Log()
+    monkeypatch.setattr(sys, "stdout", nesting)
+    monkeypatch.setattr(sys, "stderr", log)
+    out2 = tmp_path / "n.safetensors"
+    status = cli_module.main(["quantize", str(model), "-o", str(out2), "--no-progress"])
+    assert status == 1 and nesting.inner == [1]
+    assert "".join(log.parts).splitlines()[-1] == (
+        "ferroquant: error: cannot write to standard output: No space left on device "
+        f"({out2} written)"
+    )
+    assert sys.stdout is nesting and sys.stderr is log

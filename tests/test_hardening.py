@@ -844,7 +844,9 @@ def test_terminating_signals_leave_no_temporary_files(tmp_path, signame):
     # handler was installed and before any file was opened (nothing to clean up).
     assert proc.returncode in (0, 128 + signum, -signum), err
     if proc.returncode == 128 + signum:
-        assert err.strip().splitlines()[-1] == f"ferroquant: terminated ({signame})"
+        # Stopped after the output was in place (printing the summary), it says so.
+        written = f" ({out} written)" if out.exists() else ""
+        assert err.strip().splitlines()[-1] == f"ferroquant: terminated ({signame}){written}"
     leftovers = [p.name for p in out.parent.iterdir() if p.name != "q.safetensors"]
     assert leftovers == []
 
@@ -1368,6 +1370,27 @@ def test_a_named_pipe_is_refused_without_waiting_for_a_writer(tmp_path):
         assert r.returncode == 1 and "not a regular file" in r.stderr
     with pytest.raises(IsADirectoryError):
         fq.load(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_is_refused_without_being_opened(tmp_path):
+    # Opening a FIFO, even to refuse it, released a writer blocked opening it: its
+    # data then went into a pipe nobody read.
+    import threading
+
+    pipe = tmp_path / "p.json"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=lambda: pipe.write_bytes(b"{}"), daemon=True)
+    writer.start()
+    for load in (fq.load, fq.QuantizedModel.load):
+        with pytest.raises(OSError, match=r"not a regular file \(a FIFO cannot be read\)"):
+            load(pipe)
+    writer.join(timeout=0.3)
+    assert writer.is_alive(), "the FIFO was opened"
+    assert pipe.read_bytes() == b"{}"  # a reader lets the writer go
+    writer.join(timeout=30)
+    with pytest.raises(OSError, match=r"\(a device cannot be read\)"):
+        fq.load("/dev/null")
 
 
 def test_percentile_survives_an_input_changed_by_another_thread():

@@ -389,8 +389,15 @@ def _create(name: str) -> None:
     os.close(fd)
 
 
-def write_file(path: PathLike, write: Callable[[str], None], replace: bool = True) -> None:
-    """Run ``write(tmp)`` to make the file, then rename it over ``path``.
+def write_file(
+    path: PathLike,
+    write: Callable[[str], None],
+    replace: bool = True,
+    on_done: Optional[Callable[[], None]] = None,
+) -> None:
+    """Run ``write(tmp)`` to make the file, then rename it over ``path``; then
+    ``on_done()``, at once (a command line names the file when a signal stops it
+    after that point).
 
     A failed write leaves ``path`` as it was. The new file gets the mode of
     the file it replaces, or ``0o666`` less the umask. Every failure is an
@@ -428,6 +435,8 @@ def write_file(path: PathLike, write: Callable[[str], None], replace: bool = Tru
             # At the path as given: a name that appeared meanwhile, a dangling
             # symbolic link included, is never followed or replaced.
             _link_new(tmp, dest)
+        if on_done is not None:
+            on_done()
     except BaseException as e:
         if tmp is not None:
             try:
@@ -702,21 +711,32 @@ def parse_bytes(data: Any) -> Dict[str, Any]:
 R = TypeVar("R", bound="FileReader")
 
 
+def _check_regular(mode: int, path: str) -> None:
+    """Raise the error :func:`open_regular` gives for a file of ``mode`` that is not
+    a regular file."""
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        )
+        raise OSError(errno.EINVAL, f"not a regular file ({kind} cannot be read)", path)
+
+
 def open_regular(path: str) -> BinaryIO:
     """``path`` opened for binary reads, if it is a regular file.
 
-    Opened without blocking and checked before any read: opening a FIFO that has no
-    writer would otherwise wait forever. The usual ``OSError`` for a missing path,
+    Checked before it is opened (opening a FIFO, even to refuse it, would release a
+    writer blocked opening it into a pipe nobody reads), then opened without blocking
+    and checked again (it may have been replaced meanwhile): opening a FIFO that has
+    no writer would otherwise wait forever. The usual ``OSError`` for a missing path,
     ``IsADirectoryError`` for a directory, ``OSError(EINVAL)`` for anything else
-    that is not a regular file (a pipe, a device).
+    that is not a regular file (a FIFO, a device, a socket).
     """
+    _check_regular(os.stat(path).st_mode, path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, "not a regular file (pipes cannot be read)", path)
+        _check_regular(os.fstat(fd).st_mode, path)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -15,6 +15,7 @@ usage errors (a missing or unknown option) exit 2. Warnings print one line each.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import inspect
 import json
@@ -78,15 +79,20 @@ class CliError(Exception):
 
 
 class _StdoutFailed(Exception):
-    """Standard output could not be written (a full disk, an I/O error; not a reader
-    that went away, which is ``BrokenPipeError``): carries the system's reason."""
+    """Standard output could not be written (a full disk, an I/O error): carries the
+    system's reason."""
+
+
+class _StdoutGone(Exception):
+    """Standard output's reader went away (``ferroquant inspect f | head``)."""
 
 
 class _Stdout:
-    """``sys.stdout`` while a command runs: a failed write or flush raises
-    :class:`_StdoutFailed`, so the error names standard output (and any file the
-    command had already written) instead of showing as the output file's, or as
-    Python's "Exception ignored" at exit with status 120."""
+    """``sys.stdout`` while :func:`main` runs: a failed write or flush raises
+    :class:`_StdoutFailed` (or :class:`_StdoutGone` for a closed pipe), so the error
+    names standard output (and any file the command had already written) instead of
+    showing as the output file's, or as Python's "Exception ignored" at exit with
+    status 120."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -95,7 +101,7 @@ class _Stdout:
         try:
             return getattr(self._inner, method)(*args)
         except BrokenPipeError:
-            raise
+            raise _StdoutGone() from None
         except OSError as e:
             raise _StdoutFailed(e.strerror or str(e)) from None
 
@@ -103,7 +109,33 @@ class _Stdout:
         return self._call("write", text)  # as the stream returns it (None for some)
 
     def flush(self) -> None:
-        self._call("flush")
+        if hasattr(self._inner, "flush"):
+            self._call("flush")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Stderr:
+    """``sys.stderr`` while :func:`main` runs: a line that cannot be written is
+    dropped (there is nowhere left to say so), and the command goes on: a closed
+    pipe there is not standard output's reader going away."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            self._inner.write(text)
+        except (OSError, ValueError):
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -117,8 +149,9 @@ class _RunState(threading.local):
         #: cannot be printed, or a signal stops it (the file is complete: only the
         #: report of it failed).
         self.written: List[str] = []
-        #: Whether standard output failed, or its reader went away (see :func:`run`).
-        self.stdout_lost = False
+        #: Whether the last run left output buffered for a standard output that
+        #: failed, went away or was interrupted (see :func:`run`).
+        self.drop_stdout = False
 
 
 _state = _RunState()
@@ -143,6 +176,14 @@ def _say(text: str) -> None:
             print(text, file=sys.stderr)
         except (OSError, ValueError):
             pass
+
+
+def _input_path(text: str) -> Path:
+    """The input file named on the command line (``Path("")`` would be ``.``, and read
+    as the directory)."""
+    if text == "":
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "")
+    return Path(text)
 
 
 def demo_model_path() -> Path:
@@ -335,7 +376,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise CliError("give either an input file or --demo, not both")
     if not args.demo and not args.input:
         raise CliError("no input: give IN.safetensors, or --demo for the MiniLM weights")
-    src = demo_model_path() if args.demo else Path(args.input)
+    src = demo_model_path() if args.demo else _input_path(args.input)
     params: Dict[str, Any] = dict(args.param or [])
     if args.block_size is not None:
         params["block_size"] = args.block_size
@@ -415,7 +456,9 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
     in_bytes = out_bytes = 0
     t_start = time.perf_counter()
     show = not args.no_progress and sys.stderr.isatty()
-    writer_of = StreamingWriter(out, user_meta, replace=not args.no_clobber)
+    writer_of = StreamingWriter(
+        out, user_meta, replace=not args.no_clobber, on_done=lambda: _committed(out)
+    )
     with writer_of as writer, _progress(len(reader.names), show) as bar:
         for name in reader.names:
             bar.set_postfix_str(name[-40:], refresh=False)
@@ -515,7 +558,6 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                     ]
                 )
             bar.update(1)
-    _committed(out)
     elapsed = time.perf_counter() - t_start
     header = ["tensor", "shape", "scheme", "bits", "size", "ratio", "max|err|", "mean|err|", "ms"]
     print(_table(rows, header))
@@ -728,8 +770,7 @@ def _quantize_json(
     def write_json(tmp: str) -> None:
         _native.ptq_write_json(tmp, *json_args)
 
-    write_file(out, write_json, replace=not args.no_clobber)
-    _committed(out)
+    write_file(out, write_json, replace=not args.no_clobber, on_done=lambda: _committed(out))
     left = [n for n in names if n not in weights and n not in biases.values()]
     elapsed = time.perf_counter() - t_start
     header = ["tensor", "shape", "scheme", "size", "ratio", "max|err|", "mean|err|", "ms"]
@@ -872,7 +913,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise CliError("give either an input file or --demo, not both")
     if not args.demo and not args.input:
         raise CliError("no input: give IN.safetensors, or --demo for the MiniLM weights")
-    src = demo_model_path() if args.demo else Path(args.input)
+    src = demo_model_path() if args.demo else _input_path(args.input)
     quantizers, chosen = _compare_schemes(args.schemes)
     if args.json not in (None, "-"):
         if _same_file(src, Path(args.json)):
@@ -1013,8 +1054,8 @@ def _compare(
                 with open(tmp, "w", encoding="utf-8") as f:
                     f.write(text + "\n")
 
-            write_file(args.json, write, replace=not args.no_clobber)
-            _committed(args.json)
+            done = lambda: _committed(args.json)  # noqa: E731
+            write_file(args.json, write, replace=not args.no_clobber, on_done=done)
             print(f"wrote {_path_shown(args.json)}")
         return 0
     table = [
@@ -1133,16 +1174,16 @@ def _inspect(reader: TensorReader) -> int:
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
     _format_destination(args.output, args.no_clobber)  # as typed (see cmd_quantize)
-    src, out = Path(args.input), Path(args.output)
+    src, out = _input_path(args.input), Path(args.output)
     if _same_file(src, out):
         raise CliError("the output file must differ from the input file")
     if _looks_like_json(src):
         model = _json_model(src)
         if not model.layers:
             raise CliError(f"{_path_shown(src)} holds no layer: nothing to write")
-        with StreamingWriter(out, {}, replace=not args.no_clobber) as writer:
+        done = lambda: _committed(out)  # noqa: E731
+        with StreamingWriter(out, {}, replace=not args.no_clobber, on_done=done) as writer:
             n = _add_model(writer, model)
-        _committed(out)
         print(f"dequantized {n} layers into {_path_shown(out)}")
         return 0
     with TensorReader(src) as reader:
@@ -1178,7 +1219,7 @@ def _dequantize(reader: TensorReader, out: Path, replace: bool = True) -> int:
         if not k.startswith(ENTRY_PREFIX) and k not in ("ferroquant.source", "ferroquant.version")
     }
     n = copied = 0
-    with StreamingWriter(out, meta, replace=replace) as writer:
+    with StreamingWriter(out, meta, replace=replace, on_done=lambda: _committed(out)) as writer:
         for name, value in reader.entries():
             if isinstance(value, QuantizedModel):
                 n += _add_model(writer, value)
@@ -1218,7 +1259,6 @@ def _dequantize(reader: TensorReader, out: Path, replace: bool = True) -> int:
                 f"{_path_shown(reader.path)} holds no tensor (only settings or statistics): "
                 "nothing to write"
             )
-    _committed(out)
     if n == 0:
         print(
             f"ferroquant: warning: the input holds no quantized tensor: its {copied} "
@@ -1325,12 +1365,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run() -> None:
     """The ``ferroquant`` script and ``python -m ferroquant``: :func:`main`, then, when
-    standard output failed or its reader went away, what is still buffered for it is
-    dropped (pointed at ``/dev/null``): Python's own flush at exit would fail again,
-    "Exception ignored ..." and status 120. :func:`main` itself leaves the caller's
-    descriptors alone."""
+    standard output failed, went away or the run was stopped with output still
+    buffered for it, that output is dropped (standard output pointed at
+    ``/dev/null``): Python's own flush at exit would fail again ("Exception
+    ignored ...", status 120) or block on a pipe nobody reads. :func:`main` itself
+    leaves the caller's descriptors alone."""
     status = main()
-    if _state.stdout_lost and sys.stdout is not None:
+    if _state.drop_stdout and sys.stdout is not None:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:
@@ -1346,46 +1387,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status (argparse's ``SystemExit`` for
     ``--help``, ``--version`` and usage errors).
 
-    While it runs, ``sys.stdout`` is wrapped (see :class:`_Stdout`) and flushed before
-    returning: a standard output that cannot be written is one error line and status 1,
-    one whose reader went away (``| head``) status 0, and a closed one (``>&-``) is
-    refused before any work.
+    While it runs, ``sys.stdout`` and ``sys.stderr`` are wrapped (see :class:`_Stdout`,
+    :class:`_Stderr`), and standard output is flushed before it returns: one that cannot
+    be written is one error line and status 1, one whose reader went away (``| head``)
+    status 0, and a closed one (``>&-``) is refused before any work. Terminating
+    signals unwind like Ctrl-C when called from the main thread. The streams are
+    process-wide: runs in several threads at once share them.
     """
-    _state.stdout_lost = False
-    _state.written.clear()
-    saved = sys.stdout
-    if saved is None:  # started with its descriptor closed: nothing could show
-        _say("ferroquant: error: standard output is closed: nothing this command prints could show")
-        return 1
-    # Another thread's main() may have wrapped it already: used as it is, and left
-    # for that thread to put back.
-    wrapped = not isinstance(saved, _Stdout)
-    if wrapped:
-        sys.stdout = _Stdout(saved)
+    outer = _state.written  # a run inside a stream's write keeps the outer run's record
+    _state.written = []
     try:
-        try:
-            status = _main(argv)
-        except SystemExit:  # --help, --version, a usage error: argparse's exit
-            sys.stdout.flush()
-            raise
-        # Here, not at exit: a failure there is Python's two lines and status 120.
-        sys.stdout.flush()
-        return status
-    except BrokenPipeError:
-        # The reader went away (`ferroquant inspect f | head`): not an error of ours.
-        _state.stdout_lost = True
-        return 0
-    except _StdoutFailed as e:
-        _state.stdout_lost = True
-        _say(f"ferroquant: error: cannot write to standard output: {e}{_written_note()}")
-        return 1
+        return _main(argv)
     finally:
-        if wrapped:
-            sys.stdout = saved
+        _state.written = outer
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
-    args = build_parser().parse_args(argv)
+    _state.drop_stdout = False
+    out, err = sys.stdout, sys.stderr
+    if out is None:  # started with its descriptor closed: nothing could show
+        _say("ferroquant: error: standard output is closed: nothing this command prints could show")
+        return 1
+    # Another thread's run may have wrapped them already: used as they are, and left
+    # for that run to put back.
+    stdout = out if isinstance(out, _Stdout) else _Stdout(out)
+    stderr = err if err is None or isinstance(err, _Stderr) else _Stderr(err)
 
     def one_line(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
         text = _one_line(str(message)) if str(message) else category.__name__
@@ -1401,59 +1427,76 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             raise _Terminated(signum)
 
     done = False
-
     # SIGTERM (timeout, a cancelled job), SIGHUP (a closed terminal) and the other
     # terminating signals unwind like Ctrl-C, so partial output files are removed
-    # instead of left behind. One handled while the handlers are installed (or
-    # outside _run's own try) unwinds here; once the work is done one is only
-    # recorded, and the handlers are put back as they were.
+    # instead of left behind; once the work is done one is only recorded, and the
+    # handlers are put back as they were. Only the main thread may set them.
     installed: List[int] = []
     try:
+        sys.stdout, sys.stderr = stdout, stderr
         try:
-            for signum in _TERMINATING:
-                try:
-                    if signal.getsignal(signum) is signal.SIG_DFL:
-                        installed.append(signum)  # first: restoring a default is harmless
-                        signal.signal(signum, terminated)
-                except (ValueError, OSError):  # not the main thread (main() from a thread)
-                    break
+            if threading.current_thread() is threading.main_thread():
+                for signum in _TERMINATING:
+                    try:
+                        if signal.getsignal(signum) is signal.SIG_DFL:
+                            installed.append(signum)  # first: restoring a default is harmless
+                            signal.signal(signum, terminated)
+                    except (ValueError, OSError):
+                        break
+            try:
+                args = build_parser().parse_args(argv)
+            except SystemExit:  # --help, --version, a usage error: argparse's exit
+                stdout.flush()
+                raise
             status = _run(args, one_line)
+            # Here, not at exit: a failure there is Python's two lines and status 120.
+            stdout.flush()
+        except _StdoutGone:
+            # The reader went away (`ferroquant inspect f | head`): not an error of ours.
+            _state.drop_stdout = True
+            status = 0
+        except _StdoutFailed as e:
+            _state.drop_stdout = True
+            _say(f"ferroquant: error: cannot write to standard output: {e}{_written_note()}")
+            status = 1
         except _Terminated as e:
+            _state.drop_stdout = True
             status = _terminated(e)
-        except KeyboardInterrupt:  # Ctrl-C before _run's own handling
-            print(f"ferroquant: interrupted{_written_note()}", file=sys.stderr)
+        except KeyboardInterrupt:
+            _state.drop_stdout = True
+            _say(f"ferroquant: interrupted{_written_note()}")
             status = 130
     finally:
         done = True
         for signum in installed:  # main() called in-process: as it was, on every path
             signal.signal(signum, signal.SIG_DFL)
+        # Put back what was found, unless someone else has changed them since.
+        if sys.stdout is stdout:
+            sys.stdout = out
+        if sys.stderr is stderr:
+            sys.stderr = err
     if received and status == 0:
         status = _terminated(_Terminated(received[0]))
     return status
 
 
 def _terminated(e: _Terminated) -> int:
-    name = signal.Signals(e.signum).name
-    print(f"ferroquant: terminated ({name}){_written_note()}", file=sys.stderr)
+    _say(f"ferroquant: terminated ({signal.Signals(e.signum).name}){_written_note()}")
     return 128 + e.signum
 
 
 def _run(args: argparse.Namespace, one_line: Any) -> int:
-    """Run the chosen command; every failure becomes one line and an exit status."""
+    """Run the chosen command; every failure becomes one line and an exit status
+    (standard output's own failures and stops unwind to :func:`_main`)."""
     try:
         with warnings.catch_warnings():
             warnings.showwarning = one_line
             return int(args.func(args))
-    except (_StdoutFailed, BrokenPipeError):  # standard output's own: see main()
+    except (_StdoutFailed, _StdoutGone, _Terminated, KeyboardInterrupt):
         raise
-    except _Terminated as e:
-        return _terminated(e)
     except MemoryError:
         print("ferroquant: error: out of memory", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"ferroquant: interrupted{_written_note()}", file=sys.stderr)
-        return 130
     except (CliError, QuantizationError, OSError, TypeError, ValueError) as e:
         msg = _one_line(str(e)) if str(e) else type(e).__name__
         if isinstance(e, OSError) and e.filename is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -102,14 +102,20 @@ class StreamingWriter:
     checked when the writer is created, so a bad output path fails before any
     work is done.
     With ``replace=False`` an existing file is never replaced, even one
-    that appears while the writer runs (``FileExistsError``).
+    that appears while the writer runs (``FileExistsError``). ``on_done`` is
+    called as soon as the file is in place.
     """
 
     def __init__(
-        self, path: PathLike, metadata: Optional[Mapping[str, str]] = None, replace: bool = True
+        self,
+        path: PathLike,
+        metadata: Optional[Mapping[str, str]] = None,
+        replace: bool = True,
+        on_done: Optional[Callable[[], None]] = None,
     ) -> None:
         self._path = path
         self._replace = replace
+        self._on_done = on_done
         _, real = _format.prepare_destination(path)
         self._meta = _format.user_metadata(metadata)
         try:
@@ -174,6 +180,7 @@ class StreamingWriter:
                     self._path,
                     lambda tmp: self._spill.write_safetensors(tmp, entries, meta),
                     self._replace,
+                    self._on_done,
                 )
             except FormatError as e:  # safetensors refused the header: name the file
                 raise FormatError(
