@@ -1349,6 +1349,8 @@ def test_a_signal_while_the_last_output_blocks_is_one_line_and_no_hang(model, tm
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # A background job's shell ignores SIGINT, and the child would inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     os.close(w)
     try:
@@ -1442,3 +1444,107 @@ def test_main_in_a_thread_nested_or_twice_at_once(model, tmp_path, monkeypatch):
         f"({out2} written)"
     )
     assert sys.stdout is nesting and sys.stderr is log
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_with_standard_error_stalled_ends_the_run(tmp_path, signame):
+    # `2>&1 | a stalled reader`: the message saying the run was stopped blocked on
+    # the full pipe, and the run hung until a third signal.
+    signum = getattr(signal, signame)
+    r, w = _full_pipe()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ferroquant", "inspect", str(tmp_path / "missing.safetensors")],
+        stdout=subprocess.DEVNULL,
+        stderr=w,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    os.close(w)
+    try:
+        time.sleep(3)  # started, and blocked writing its error line
+        assert p.poll() is None
+        p.send_signal(signum)
+        assert p.wait(timeout=30) == 128 + signum
+    finally:
+        p.kill()
+        os.close(r)
+
+
+def test_no_standard_error_sends_nothing_to_standard_output(tmp_path):
+    # With 2>&- Python's sys.stderr is None, and print(file=None) writes to stdout:
+    # errors and warnings ended up where the JSON or the table goes.
+    r = subprocess.run(
+        [sys.executable, "-m", "ferroquant", "inspect", str(tmp_path / "missing")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.close(2),
+    )
+    assert r.returncode == 1 and r.stdout == ""
+
+
+def test_text_standard_output_cannot_encode_is_escaped(tmp_path):
+    src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    stn.save_file({"caf\u00e9.weight": np.ones((4, 4), np.float32)}, str(src))
+    r = cli(
+        "quantize",
+        str(src),
+        "-o",
+        str(out),
+        "--no-progress",
+        env_extra={"PYTHONIOENCODING": "ascii"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "caf\\xe9.weight" in r.stdout and out.exists()
+
+
+def test_the_wrappers_change_only_the_running_threads_errors():
+    import io
+
+    from ferroquant import cli as cli_module
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    out, err = cli_module._Stdout(Full()), cli_module._Stderr(Full())
+    with pytest.raises(OSError) as e:  # another thread's print: the stream's own error
+        out.write("x")
+    assert type(e.value) is OSError
+    with pytest.raises(OSError):
+        err.write("x")
+    me = threading.get_ident()
+    out.owners[me] = err.owners[me] = 1
+    with pytest.raises(cli_module._StdoutFailed, match="No space left on device"):
+        out.write("x")
+    assert err.write("x") == 1  # dropped: nowhere left to say it
+    closed = io.StringIO()
+    closed.close()
+    gone = cli_module._Stdout(closed)
+    gone.owners[me] = 1
+    with pytest.raises(cli_module._StdoutFailed, match="closed file"):
+        gone.write("x")
+
+
+def test_a_signal_as_the_output_takes_its_name_still_names_it(model, tmp_path, monkeypatch, capsys):
+    # A signal between the rename and the record of it stopped the run saying only
+    # "terminated", its complete output in place.
+    from ferroquant import _format
+    from ferroquant import cli as cli_module
+
+    real_replace = os.replace
+
+    def replace_then_signal(src: Any, dst: Any) -> None:
+        real_replace(src, dst)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(_format.os, "replace", replace_then_signal)
+    out = tmp_path / "q.safetensors"
+    status = cli_module.main(["quantize", str(model), "-o", str(out), "--no-progress"])
+    monkeypatch.undo()
+    assert status == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ferroquant: terminated (SIGTERM) ({out} written)"
+    )
+    assert fq.load(out)["encoder.layer.0.weight"].shape == (96, 80)

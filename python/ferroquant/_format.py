@@ -30,10 +30,12 @@ import re
 import secrets
 import stat
 import struct
+import threading
 from typing import (
     Any,
     BinaryIO,
     Callable,
+    ClassVar,
     Dict,
     Iterator,
     List,
@@ -429,14 +431,17 @@ def write_file(
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dest)
         write(tmp)
         os.chmod(tmp, mode)
-        if replace:
-            os.replace(tmp, real)
-        else:
-            # At the path as given: a name that appeared meanwhile, a dangling
-            # symbolic link included, is never followed or replaced.
-            _link_new(tmp, dest)
-        if on_done is not None:
-            on_done()
+        # Signals wait until the file has its name and on_done knows it: one that
+        # landed between the two would stop a run whose output is in place unsaid.
+        with signals_held():
+            if replace:
+                os.replace(tmp, real)
+            else:
+                # At the path as given: a name that appeared meanwhile, a dangling
+                # symbolic link included, is never followed or replaced.
+                _link_new(tmp, dest)
+            if on_done is not None:
+                on_done()
     except BaseException as e:
         if tmp is not None:
             try:
@@ -448,6 +453,48 @@ def write_file(
         if type(e).__name__ == "SafetensorError":
             raise _writer_error(e, dest) from None
         raise
+
+
+class _Held:
+    """What :func:`signals_held` holds: how deep, and what a signal handler deferred."""
+
+    depth: ClassVar[int] = 0
+    deferred: ClassVar[List[Callable[[], None]]] = []
+
+
+def holding_signals() -> bool:
+    """Whether the main thread is inside :class:`signals_held`: a signal handler that
+    would raise should :func:`defer` instead (Python runs handlers in the main thread)."""
+    return _Held.depth > 0
+
+
+def defer(action: Callable[[], None]) -> None:
+    """Run ``action`` (raising, typically) when the outermost hold ends; the first one
+    deferred wins."""
+    _Held.deferred.append(action)
+
+
+class signals_held:
+    """In the main thread, a block that signal handlers cooperating through
+    :func:`holding_signals` do not interrupt: what they defer runs when it ends.
+    (Blocking the signals with ``pthread_sigmask`` is not enough: another thread of
+    the process takes the signal, and Python still runs the handler in the main
+    thread at once.) Elsewhere, nothing."""
+
+    def __enter__(self) -> None:
+        self._main = threading.current_thread() is threading.main_thread()
+        if self._main:
+            _Held.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._main:
+            return
+        _Held.depth -= 1
+        if _Held.depth == 0 and _Held.deferred:
+            first = _Held.deferred[0]
+            _Held.deferred.clear()
+            if exc[0] is None:
+                first()
 
 
 def _link_new(tmp: str, dest: str) -> None:

@@ -21,6 +21,7 @@ import inspect
 import json
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -39,6 +40,8 @@ from ._format import (
     ENTRY_PREFIX,
     ArrayHeader,
     OpaqueTensor,
+    defer,
+    holding_signals,
     open_regular,
     unique_keys,
     write_file,
@@ -88,57 +91,111 @@ class _StdoutGone(Exception):
 
 
 class _Stdout:
-    """``sys.stdout`` while :func:`main` runs: a failed write or flush raises
-    :class:`_StdoutFailed` (or :class:`_StdoutGone` for a closed pipe), so the error
-    names standard output (and any file the command had already written) instead of
-    showing as the output file's, or as Python's "Exception ignored" at exit with
-    status 120."""
+    """``sys.stdout`` while :func:`main` runs: for the threads running it, a failed
+    write or flush raises :class:`_StdoutFailed` (or :class:`_StdoutGone` for a closed
+    pipe), so the error names standard output (and any file the command had already
+    written) instead of showing as the output file's, or as Python's "Exception
+    ignored" at exit with status 120; text the stream cannot encode is written with
+    backslash escapes. Other threads get the stream as it is."""
 
     def __init__(self, inner: Any) -> None:
-        self._inner = inner
+        self.inner = inner
+        #: Threads running main() through this wrapper -> how many runs deep.
+        self.owners: Dict[int, int] = {}
 
     def _call(self, method: str, *args: Any) -> Any:
+        if threading.get_ident() not in self.owners:
+            return getattr(self.inner, method)(*args)
         try:
-            return getattr(self._inner, method)(*args)
+            return getattr(self.inner, method)(*args)
         except BrokenPipeError:
             raise _StdoutGone() from None
-        except OSError as e:
-            raise _StdoutFailed(e.strerror or str(e)) from None
+        except UnicodeEncodeError:
+            raise
+        except (OSError, ValueError) as e:  # ValueError: a closed stream
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise _StdoutFailed(reason) from None
 
     def write(self, text: str) -> Any:
-        return self._call("write", text)  # as the stream returns it (None for some)
+        try:
+            return self._call("write", text)  # as the stream returns it (None for some)
+        except UnicodeEncodeError:
+            if threading.get_ident() not in self.owners:
+                raise
+            enc = getattr(self.inner, "encoding", None) or "ascii"
+            return self._call("write", text.encode(enc, "backslashreplace").decode(enc))
 
     def flush(self) -> None:
-        if hasattr(self._inner, "flush"):
+        if hasattr(self.inner, "flush"):
             self._call("flush")
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return getattr(self.inner, name)
 
 
 class _Stderr:
-    """``sys.stderr`` while :func:`main` runs: a line that cannot be written is
-    dropped (there is nowhere left to say so), and the command goes on: a closed
-    pipe there is not standard output's reader going away."""
+    """``sys.stderr`` while :func:`main` runs: for the threads running it, a line that
+    cannot be written (or has no stream: ``2>&-``) is dropped, as there is nowhere
+    left to say so, and the command goes on. Other threads get the stream as it is."""
 
     def __init__(self, inner: Any) -> None:
-        self._inner = inner
+        self.inner = inner
+        self.owners: Dict[int, int] = {}
 
     def write(self, text: str) -> int:
+        if threading.get_ident() not in self.owners:
+            if self.inner is None:  # print() would have gone to stdout: dropped
+                return len(text)
+            return int(self.inner.write(text) or 0)
         try:
-            self._inner.write(text)
+            if self.inner is not None:
+                self.inner.write(text)
         except (OSError, ValueError):
             pass
         return len(text)
 
     def flush(self) -> None:
         try:
-            self._inner.flush()
+            self.inner.flush()
         except (OSError, ValueError, AttributeError):
-            pass
+            if threading.get_ident() not in self.owners and self.inner is not None:
+                raise
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return getattr(self.inner, name)
+
+
+#: Guards the swap of sys.stdout/sys.stderr and their owners between threads.
+_streams_lock = threading.Lock()
+
+
+class _own_streams:
+    """Wrap ``sys.stdout``/``sys.stderr`` (once for all runs at a time) and make this
+    thread one of their owners; the last run to end puts the streams back, unless
+    someone else has replaced them meanwhile."""
+
+    def __enter__(self) -> _Stdout:
+        me = threading.get_ident()
+        with _streams_lock:
+            out, err = sys.stdout, sys.stderr
+            self.stdout = out if isinstance(out, _Stdout) else _Stdout(out)
+            self.stderr = err if isinstance(err, _Stderr) else _Stderr(err)
+            for w in (self.stdout, self.stderr):
+                w.owners[me] = w.owners.get(me, 0) + 1
+            sys.stdout, sys.stderr = self.stdout, self.stderr
+        return self.stdout
+
+    def __exit__(self, *exc: Any) -> None:
+        me = threading.get_ident()
+        with _streams_lock:
+            for w in (self.stdout, self.stderr):
+                depth = w.owners.pop(me, 1) - 1
+                if depth:
+                    w.owners[me] = depth
+            if not self.stdout.owners and sys.stdout is self.stdout:
+                sys.stdout = self.stdout.inner
+            if not self.stderr.owners and sys.stderr is self.stderr:
+                sys.stderr = self.stderr.inner
 
 
 class _RunState(threading.local):
@@ -168,14 +225,32 @@ def _written_note() -> str:
     return f" ({', '.join(written)} written)" if written else ""
 
 
-def _say(text: str) -> None:
+def _say(text: str, urgent: bool = False) -> None:
     """Print a line to standard error, if there is one (never to standard output,
-    where ``print(file=None)`` would send it)."""
-    if sys.stderr is not None:
+    where ``print(file=None)`` would send it). ``urgent`` (a run stopped by a signal):
+    written only if the descriptor takes it at once, so a stalled reader of standard
+    error (``2>&1 | ...``) cannot hold the stopped run forever."""
+    err = sys.stderr.inner if isinstance(sys.stderr, _Stderr) else sys.stderr
+    if err is None:
+        return
+    if urgent:
         try:
-            print(text, file=sys.stderr)
-        except (OSError, ValueError):
-            pass
+            fd = err.fileno()
+            err.flush()
+        except (OSError, ValueError, AttributeError):
+            fd = None
+        if fd is not None:
+            try:
+                if select.select([], [fd], [], 1.0)[1]:
+                    # One short line: a pipe with room takes it whole, without blocking.
+                    os.write(fd, (text + "\n").encode("utf-8", "backslashreplace"))
+            except (OSError, ValueError):
+                pass
+            return
+    try:
+        print(text, file=err)
+    except (OSError, ValueError):
+        pass
 
 
 def _input_path(text: str) -> Path:
@@ -1404,14 +1479,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: Optional[Sequence[str]]) -> int:
     _state.drop_stdout = False
-    out, err = sys.stdout, sys.stderr
-    if out is None:  # started with its descriptor closed: nothing could show
+    if sys.stdout is None:  # started with its descriptor closed: nothing could show
         _say("ferroquant: error: standard output is closed: nothing this command prints could show")
         return 1
-    # Another thread's run may have wrapped them already: used as they are, and left
-    # for that run to put back.
-    stdout = out if isinstance(out, _Stdout) else _Stdout(out)
-    stderr = err if err is None or isinstance(err, _Stderr) else _Stderr(err)
 
     def one_line(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
         text = _one_line(str(message)) if str(message) else category.__name__
@@ -1423,65 +1493,83 @@ def _main(argv: Optional[Sequence[str]]) -> int:
 
     def terminated(signum: int, frame: Any) -> None:
         received.append(signum)
-        if not done:
-            raise _Terminated(signum)
+        if done or stopping:
+            return
+        if holding_signals():  # a file is taking its name: raised once it has
+            defer(lambda: _raise(_Terminated(signum)))
+            return
+        raise _Terminated(signum)
 
-    done = False
+    def interrupted(signum: int, frame: Any) -> None:
+        if holding_signals():
+            defer(lambda: _raise(KeyboardInterrupt()))
+            return
+        raise KeyboardInterrupt
+
+    done = stopping = interrupt_installed = False
     # SIGTERM (timeout, a cancelled job), SIGHUP (a closed terminal) and the other
     # terminating signals unwind like Ctrl-C, so partial output files are removed
-    # instead of left behind; once the work is done one is only recorded, and the
-    # handlers are put back as they were. Only the main thread may set them.
+    # instead of left behind; once the run is stopping or done one is only recorded,
+    # and the handlers are put back as they were. Only the main thread may set them.
     installed: List[int] = []
     try:
-        sys.stdout, sys.stderr = stdout, stderr
-        try:
-            if threading.current_thread() is threading.main_thread():
-                for signum in _TERMINATING:
-                    try:
-                        if signal.getsignal(signum) is signal.SIG_DFL:
-                            installed.append(signum)  # first: restoring a default is harmless
-                            signal.signal(signum, terminated)
-                    except (ValueError, OSError):
-                        break
+        with _own_streams() as stdout:
             try:
-                args = build_parser().parse_args(argv)
-            except SystemExit:  # --help, --version, a usage error: argparse's exit
+                if threading.current_thread() is threading.main_thread():
+                    for signum in _TERMINATING:
+                        try:
+                            if signal.getsignal(signum) is signal.SIG_DFL:
+                                installed.append(signum)  # first: restoring a default is harmless
+                                signal.signal(signum, terminated)
+                        except (ValueError, OSError):
+                            break
+                    # Ctrl-C as Python's own handler, but held while a file takes its name.
+                    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                        interrupt_installed = True
+                        signal.signal(signal.SIGINT, interrupted)
+                try:
+                    args = build_parser().parse_args(argv)
+                except SystemExit:  # --help, --version, a usage error: argparse's exit
+                    stdout.flush()
+                    raise
+                status = _run(args, one_line)
+                # Here, not at exit: a failure there is Python's two lines and status 120.
                 stdout.flush()
-                raise
-            status = _run(args, one_line)
-            # Here, not at exit: a failure there is Python's two lines and status 120.
-            stdout.flush()
-        except _StdoutGone:
-            # The reader went away (`ferroquant inspect f | head`): not an error of ours.
-            _state.drop_stdout = True
-            status = 0
-        except _StdoutFailed as e:
-            _state.drop_stdout = True
-            _say(f"ferroquant: error: cannot write to standard output: {e}{_written_note()}")
-            status = 1
-        except _Terminated as e:
-            _state.drop_stdout = True
-            status = _terminated(e)
-        except KeyboardInterrupt:
-            _state.drop_stdout = True
-            _say(f"ferroquant: interrupted{_written_note()}")
-            status = 130
+            except _StdoutGone:
+                # The reader went away (`ferroquant inspect f | head`): not an error of ours.
+                _state.drop_stdout = True
+                status = 0
+            except _StdoutFailed as e:
+                _state.drop_stdout = True
+                _say(f"ferroquant: error: cannot write to standard output: {e}{_written_note()}")
+                status = 1
+            except _Terminated as e:
+                stopping = True
+                _state.drop_stdout = True
+                status = _terminated(e)
+            except KeyboardInterrupt:
+                stopping = True
+                _state.drop_stdout = True
+                _say(f"ferroquant: interrupted{_written_note()}", urgent=True)
+                status = 130
     finally:
         done = True
         for signum in installed:  # main() called in-process: as it was, on every path
             signal.signal(signum, signal.SIG_DFL)
-        # Put back what was found, unless someone else has changed them since.
-        if sys.stdout is stdout:
-            sys.stdout = out
-        if sys.stderr is stderr:
-            sys.stderr = err
+        if interrupt_installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     if received and status == 0:
         status = _terminated(_Terminated(received[0]))
     return status
 
 
+def _raise(e: BaseException) -> None:
+    raise e
+
+
 def _terminated(e: _Terminated) -> int:
-    _say(f"ferroquant: terminated ({signal.Signals(e.signum).name}){_written_note()}")
+    name = signal.Signals(e.signum).name
+    _say(f"ferroquant: terminated ({name}){_written_note()}", urgent=True)
     return 128 + e.signum
 
 
