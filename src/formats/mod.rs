@@ -82,16 +82,7 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     let named = |e: io::Error| named_error(e, path);
     // Checked before opening too: opening a FIFO, even to refuse it, would
     // release a writer blocked in its own open(2) into a pipe nobody reads.
-    let kind = std::fs::metadata(path).map_err(named)?.file_type();
-    if kind.is_dir() {
-        return Err(named(io::ErrorKind::IsADirectory.into()));
-    }
-    if !kind.is_file() {
-        return Err(named(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        )));
-    }
+    regular(std::fs::metadata(path).map_err(named)?.file_type()).map_err(named)?;
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
@@ -102,15 +93,7 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     let mut file = options.open(path).map_err(named)?;
     // Again on what was opened: the path may have been replaced in between.
     let meta = file.metadata().map_err(named)?;
-    if meta.is_dir() {
-        return Err(named(io::ErrorKind::IsADirectory.into()));
-    }
-    if !meta.is_file() {
-        return Err(named(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        )));
-    }
+    regular(meta.file_type()).map_err(named)?;
     let mut bytes = Vec::new();
     let hint = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     bytes.try_reserve_exact(hint).map_err(|_| {
@@ -121,6 +104,21 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     })?;
     file.read_to_end(&mut bytes).map_err(named)?;
     Ok(bytes)
+}
+
+/// `IsADirectory` for a directory, `InvalidInput` for anything else that is
+/// not a regular file.
+fn regular(kind: std::fs::FileType) -> io::Result<()> {
+    if kind.is_dir() {
+        return Err(io::ErrorKind::IsADirectory.into());
+    }
+    if !kind.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(())
 }
 
 /// `path` with symbolic links in its last component followed to the end,
