@@ -1306,12 +1306,8 @@ def test_a_signal_after_the_output_is_in_place_says_it_was_written(tmp_path):
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not out.exists() and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_blocked_writing(p)  # the summary: ~200 KB against a 64 KiB pipe
         assert out.exists(), "the output never appeared"
-        time.sleep(0.3)  # into the summary: ~200 KB against a 64 KiB pipe
-        assert p.poll() is None, "it did not block on the unread pipe"
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=60)
     finally:
@@ -1319,6 +1315,21 @@ def test_a_signal_after_the_output_is_in_place_says_it_was_written(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, err
     assert err.strip().splitlines()[-1] == f"ferroquant: terminated (SIGTERM) ({out} written)"
     assert len(fq.load(out)) == 3000
+
+
+def _wait_blocked_writing(p: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until process ``p`` sleeps in a write to a pipe (Linux's /proc says where
+    a process sleeps), so a signal sent next lands there, however loaded the machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            with open(f"/proc/{p.pid}/wchan") as f:
+                if "pipe_write" in f.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"never blocked writing to its pipe (status {p.poll()})")
 
 
 def _full_pipe() -> tuple:
@@ -1354,11 +1365,8 @@ def test_a_signal_while_the_last_output_blocks_is_one_line_and_no_hang(model, tm
     )
     os.close(w)
     try:
-        deadline = time.monotonic() + 120
-        while not out.exists() and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # into the summary, which cannot be written
-        assert p.poll() is None, p.communicate()
+        _wait_blocked_writing(p)  # the summary, which cannot be written
+        assert out.exists()
         p.send_signal(signum)
         _, err = p.communicate(timeout=60)
     finally:
@@ -1460,8 +1468,7 @@ def test_a_signal_with_standard_error_stalled_ends_the_run(tmp_path, signame):
     )
     os.close(w)
     try:
-        time.sleep(3)  # started, and blocked writing its error line
-        assert p.poll() is None
+        _wait_blocked_writing(p)  # its error line
         p.send_signal(signum)
         assert p.wait(timeout=30) == 128 + signum
     finally:
