@@ -235,8 +235,7 @@ def _say(text: str, urgent: bool = False) -> None:
         return
     if urgent:
         try:
-            fd = err.fileno()
-            err.flush()
+            fd = err.fileno()  # not flushed first: a stalled reader would hold that too
         except (OSError, ValueError, AttributeError):
             fd = None
         if fd is not None:
