@@ -1555,3 +1555,50 @@ def test_a_signal_as_the_output_takes_its_name_still_names_it(model, tmp_path, m
         f"ferroquant: terminated (SIGTERM) ({out} written)"
     )
     assert fq.load(out)["encoder.layer.0.weight"].shape == (96, 80)
+
+
+def test_a_second_signal_while_the_stopped_line_waits_is_only_recorded(tmp_path):
+    # Stopped, the run waits up to a second for a stalled stderr to take its line; a
+    # Ctrl-C in that second escaped as a traceback, and the run hung writing it.
+    out_r, out_w = _full_pipe()
+    err_r, err_w = _full_pipe()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ferroquant", "--help"],
+        stdout=out_w,
+        stderr=err_w,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    os.close(out_w)
+    os.close(err_w)
+    try:
+        _wait_blocked_writing(p)
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # into the wait for stderr (a second): not asserted either way
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        p.kill()
+        os.close(out_r)
+        os.close(err_r)
+
+
+def test_a_signal_held_while_a_file_takes_its_name_wins_over_a_failure(
+    model, tmp_path, monkeypatch, capsys
+):
+    # Deferred while the output took its name, a signal was dropped when the rename
+    # failed: the run ended as an error, as if never signalled.
+    from ferroquant import _format
+    from ferroquant import cli as cli_module
+
+    def signal_then_fail(src: Any, dst: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_format.os, "replace", signal_then_fail)
+    out = tmp_path / "q.safetensors"
+    status = cli_module.main(["quantize", str(model), "-o", str(out), "--no-progress"])
+    monkeypatch.undo()
+    assert status == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.splitlines()[-1] == "ferroquant: terminated (SIGTERM)"
+    assert not out.exists() and os.listdir(tmp_path) == ["model.safetensors"]
+    assert not _format.holding_signals()

@@ -493,8 +493,9 @@ class signals_held:
         if _Held.depth == 0 and _Held.deferred:
             first = _Held.deferred[0]
             _Held.deferred.clear()
-            if exc[0] is None:
-                first()
+            # Also when the block failed: the signal came first, and takes over (as
+            # it would have, raised where it landed).
+            first()
 
 
 def _link_new(tmp: str, dest: str) -> None:

@@ -235,21 +235,35 @@ def _say(text: str, urgent: bool = False) -> None:
         return
     if urgent:
         try:
-            fd = err.fileno()  # not flushed first: a stalled reader would hold that too
+            fd = err.fileno()
         except (OSError, ValueError, AttributeError):
             fd = None
         if fd is not None:
             try:
-                if select.select([], [fd], [], 1.0)[1]:
-                    # One short line: a pipe with room takes it whole, without blocking.
-                    os.write(fd, (text + "\n").encode("utf-8", "backslashreplace"))
-            except (OSError, ValueError):
+                if _writable(fd):
+                    # What the stream holds first (it is written to the same place;
+                    # a stalled reader is ruled out above), then one short line: a
+                    # pipe with room takes it whole, without blocking.
+                    err.flush()
+                    enc = getattr(err, "encoding", None) or "utf-8"
+                    os.write(fd, (text + "\n").encode(enc, "backslashreplace"))
+            except (OSError, ValueError, LookupError):
                 pass
             return
     try:
         print(text, file=err)
     except (OSError, ValueError):
         pass
+
+
+def _writable(fd: int, seconds: float = 1.0) -> bool:
+    """Whether descriptor ``fd`` takes a write without blocking within ``seconds``
+    (``poll``, which has no limit on descriptor numbers, where there is one)."""
+    if hasattr(select, "poll"):
+        p = select.poll()
+        p.register(fd, select.POLLOUT)
+        return any(ev & select.POLLOUT for _, ev in p.poll(int(seconds * 1000)))
+    return bool(select.select([], [fd], [], seconds)[1])
 
 
 def _input_path(text: str) -> Path:
@@ -1492,7 +1506,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
 
     def terminated(signum: int, frame: Any) -> None:
         received.append(signum)
-        if done or stopping:
+        if done or stopping:  # the run is ending or reporting: only recorded
             return
         if holding_signals():  # a file is taking its name: raised once it has
             defer(lambda: _raise(_Terminated(signum)))
@@ -1500,6 +1514,9 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         raise _Terminated(signum)
 
     def interrupted(signum: int, frame: Any) -> None:
+        if done or stopping:
+            received.append(signum)
+            return
         if holding_signals():
             defer(lambda: _raise(KeyboardInterrupt()))
             return
@@ -1530,35 +1547,51 @@ def _main(argv: Optional[Sequence[str]]) -> int:
                     args = build_parser().parse_args(argv)
                 except SystemExit:  # --help, --version, a usage error: argparse's exit
                     stdout.flush()
+                    stopping = True
                     raise
                 status = _run(args, one_line)
                 # Here, not at exit: a failure there is Python's two lines and status 120.
                 stdout.flush()
+                # From here on (and first in each clause below) a signal is only
+                # recorded: one raised while the run reports or puts its streams
+                # back would escape main() as a traceback.
+                stopping = True
             except _StdoutGone:
+                stopping = True
                 # The reader went away (`ferroquant inspect f | head`): not an error of ours.
                 _state.drop_stdout = True
                 status = 0
             except _StdoutFailed as e:
+                stopping = True
                 _state.drop_stdout = True
-                _say(f"ferroquant: error: cannot write to standard output: {e}{_written_note()}")
+                # Not waiting on a stalled stderr: a signal now is only recorded, and
+                # could not end the wait.
+                msg = f"ferroquant: error: cannot write to standard output: {e}{_written_note()}"
+                _say(msg, urgent=True)
                 status = 1
             except _Terminated as e:
                 stopping = True
                 _state.drop_stdout = True
-                status = _terminated(e)
+                status = _terminated(e.signum)
             except KeyboardInterrupt:
                 stopping = True
                 _state.drop_stdout = True
-                _say(f"ferroquant: interrupted{_written_note()}", urgent=True)
-                status = 130
+                status = _terminated(signal.SIGINT)
+    except SystemExit:  # argparse's exit: a signal that came meanwhile takes over
+        if not received:
+            raise
+        status = 0
     finally:
         done = True
         for signum in installed:  # main() called in-process: as it was, on every path
             signal.signal(signum, signal.SIG_DFL)
         if interrupt_installed:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-    if received and status == 0:
-        status = _terminated(_Terminated(received[0]))
+    if received and status < 128:
+        # Signalled while it ended or reported: the signal's status, as a run
+        # stopped a moment earlier would have had.
+        _state.drop_stdout = True
+        status = _terminated(received[0])
     return status
 
 
@@ -1566,10 +1599,14 @@ def _raise(e: BaseException) -> None:
     raise e
 
 
-def _terminated(e: _Terminated) -> int:
-    name = signal.Signals(e.signum).name
-    _say(f"ferroquant: terminated ({name}){_written_note()}", urgent=True)
-    return 128 + e.signum
+def _terminated(signum: int) -> int:
+    """Say the run was stopped by ``signum`` (naming any output in place); its status."""
+    if signum == signal.SIGINT:
+        _say(f"ferroquant: interrupted{_written_note()}", urgent=True)
+    else:
+        name = signal.Signals(signum).name
+        _say(f"ferroquant: terminated ({name}){_written_note()}", urgent=True)
+    return 128 + signum
 
 
 def _run(args: argparse.Namespace, one_line: Any) -> int:
