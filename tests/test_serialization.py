@@ -664,3 +664,14 @@ def test_hostile_settings_entries_are_format_errors(scheme, params):
     blob = craft({"__metadata__": {"ferroquant:value": json.dumps(entry)}})
     with pytest.raises(fq.FormatError):
         fq.load_bytes(blob)
+
+
+def test_arrays_are_read_as_little_endian(tmp_path, tensors):
+    # safetensors stores little-endian bytes; native dtypes would read them swapped
+    # on a big-endian host, so the readers name the byte order.
+    path = tmp_path / "m.safetensors"
+    fq.save(path, tensors)
+    for got in (fq.load(path), fq.load_bytes(fq.save_bytes(tensors))):
+        for name, value in got.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype.byteorder in "<|", (name, value.dtype.byteorder)

@@ -598,14 +598,16 @@ def parse_header(
 
 
 def _numpy_dtype(t: Tensor, name: str, origin: str) -> np.dtype:
-    """The NumPy dtype of tensor ``t``, or FormatError for one NumPy cannot hold."""
+    """The NumPy dtype of tensor ``t``, little-endian as safetensors stores every
+    element (native on most hosts; a big-endian host reads it right too), or
+    FormatError for one NumPy cannot hold."""
     dt = _TAGS.get(t.dtype_tag)
     if dt is None:
         raise FormatError(
             f"{origin}: tensor {name!r} has dtype {t.dtype_tag}, which NumPy cannot hold "
             "(elements narrower than a byte)"
         )
-    return dt
+    return dt.newbyteorder("<")
 
 
 def array_at(buf: Any, t: Tensor, name: str, origin: str) -> np.ndarray:
