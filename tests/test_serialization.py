@@ -249,6 +249,7 @@ def test_non_finite_or_negative_scales_raise_format_error():
 
 
 F32_MAX = float(np.finfo(np.float32).max)
+F64_MAX = float(np.finfo(np.float64).max)
 
 
 def _patched(q, old: np.ndarray, new: np.ndarray) -> bytes:
@@ -301,6 +302,58 @@ def test_scales_no_finite_input_gives_are_refused():
     for make, _ in makers[:3]:
         q = make(ends)
         assert type(q).from_bytes(q.to_bytes()) == q
+
+
+def test_scales_past_a_narrower_source_or_float64_are_refused():
+    # The reach is judged against the dtype the values came from: a float16 source
+    # caps scales at 65504 / divisor (rounded as the scales are), and a float64
+    # affine scale and zero point must not reach past float64 either.
+    h = np.array([[65504.0, -1.0, 0.5, 3.0]], np.float16)
+    makers = [
+        (lambda v: fq.quantize_blockwise(v, 4), 127),  # float16 scales
+        (lambda v: fq.quantize_blockwise(v, 4, scale_dtype=np.float32), 127),
+        (fq.dynamic_quantize_int8, 127),
+        (fq.dynamic_quantize_int4, 7),
+        (lambda v: fq.quantize_activations(v, fq.BitNetConfig(3)), 3),
+    ]
+    for make, divisor in makers:
+        q = make(h)  # float16's largest value itself: kept
+        assert q.dtype == "float16" and type(q).from_bytes(q.to_bytes()) == q
+        top = (np.float32(65504) / np.float32(divisor)).astype(q.scales.dtype)
+        assert q.scales[0] == top
+        above = np.nextafter(top, np.array(np.inf, q.scales.dtype))
+        with pytest.raises(fq.FormatError, match="float16's largest value 65504"):
+            type(q).from_bytes(_patched(q, q.scales, np.array([above], q.scales.dtype)))
+        # The same scale is fine for a float32 source.
+        q32 = make(h.astype(np.float32))
+        patched = _patched(q32, q32.scales, np.array([above], q32.scales.dtype))
+        assert type(q32).from_bytes(patched).scales[0] == above
+    # float64 affine: a finite scale and zero point whose codes pass float64's
+    # largest value; an overflowed (infinite) scale, as the seed's math makes it,
+    # still loads.
+    x64 = np.array([0.0, 1e306], np.float64)  # scale 3.9e303, zero point -128
+    q = fq.quantize(x64, fq.QuantConfig.int8().asymmetric())
+    for old, new in ((q.scales, [1e307]), (q.zero_points, [-1e6])):
+        with pytest.raises(fq.FormatError, match="beyond what a finite float64 input gives"):
+            fq.QuantizedTensor.from_bytes(_patched(q, old, np.array(new)))
+        with pytest.raises(fq.InvalidConfigError, match="beyond what a finite float64"):
+            field = "scales" if old is q.scales else "zero_points"
+            dataclasses.replace(q, **{field: np.array(new)})
+    for x in ([1.7e308, -1.7e308], [0.0, 1.7e308], [-F64_MAX, 0.0], [1e300, 1e300]):
+        for config in (fq.QuantConfig.int8().asymmetric(), fq.QuantConfig.int4().asymmetric()):
+            q = fq.quantize(np.array(x), config)
+            assert fq.QuantizedTensor.from_bytes(q.to_bytes()) == q
+    # Post-training layers: a code times the scale past the source's largest value
+    # (the smallest weight that rounds to it already is) cannot come from a weight.
+    for dtype, scale in (("float32", 3e38), ("float16", 1000.0)):
+        with pytest.raises(fq.InvalidConfigError, match=f"beyond {dtype}'s largest value"):
+            fq.QuantizedWeights("l", np.array([127, 0], np.int8), (2,), scale, dtype=dtype)
+        fq.QuantizedWeights("l", np.array([1, 0], np.int8), (2,), scale, dtype=dtype)
+    # Any scale from_f32 is given still makes a layer, extremes included.
+    q = fq.QuantizedWeights.from_f32("l", np.array([3.4e38, -1.0], np.float32), scale=6.9e37)
+    assert q.weights_i8.tolist() == [5, 0]
+    q = fq.QuantizedWeights.from_f32("l", np.array([F32_MAX, -1.0], np.float32))
+    assert q.weights_i8[0] == 127
 
 
 def test_truncated_files_raise_format_error(tmp_path, tensors):

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
+import ml_dtypes
 import numpy as np
 
 from . import _format
-from ._checks import kernel_layout, owned
+from ._checks import FLOAT_DTYPES, kernel_layout, owned
 from .errors import FormatError, InvalidConfigError
 
 Q = TypeVar("Q", bound="Quantized")
@@ -95,12 +96,21 @@ def first_true(mask: np.ndarray) -> Optional[int]:
     return int(hits[0]) if hits.size else None
 
 
-def check_scales(scales: np.ndarray, divisor: int, where: str = "") -> None:
+#: The largest magnitude of each source dtype that float32 holds: the largest a
+#: kernel sees (they read every source as float32).
+SOURCE_MAX = {
+    name: np.float32(min(float(F32_MAX), float(ml_dtypes.finfo(dt).max)))
+    for name, dt in FLOAT_DTYPES.items()
+}
+
+
+def check_scales(scales: np.ndarray, divisor: int, where: str = "", dtype: str = "float32") -> None:
     """InvalidConfigError naming the first scale that is NaN, infinite or negative
     (-0.0 included), or larger than any scale ``max|x| / divisor`` (in float32, as the
-    kernels make it) of a finite float32 input: ``float32 max / divisor``. A larger
-    one could only come from a hand-made or corrupt value, and dequantizes to inf.
-    ``where`` names the group kind in the message ("block ")."""
+    kernels make it) of a finite ``dtype`` input: its largest value / ``divisor``. A
+    larger one could only come from a hand-made or corrupt value, and dequantizes past
+    anything the source held (to inf in float32). ``where`` names the group kind in the
+    message ("block ")."""
     if not scales.size:
         return
     bad = first_true(~(np.isfinite(scales) & (scales >= 0) & ~np.signbit(scales)))
@@ -108,12 +118,17 @@ def check_scales(scales: np.ndarray, divisor: int, where: str = "") -> None:
         raise InvalidConfigError(
             f"scales must be finite and >= 0, got {scales[bad]} at {where}{bad}"
         )
-    largest = F32_MAX / np.float32(divisor)
+    top = SOURCE_MAX[dtype]
+    # Rounded as the scales are (float16 scales round the float32 one to nearest;
+    # past float16's range, every finite float16 scale is in reach).
+    with np.errstate(over="ignore"):
+        largest = (top / np.float32(divisor)).astype(scales.dtype)
     bad = first_true(scales > largest)
     if bad is not None:
         raise InvalidConfigError(
-            f"scales must be at most {largest} (float32's largest value / {divisor}, the "
-            f"largest scale a finite input gives), got {scales[bad]} at {where}{bad}"
+            f"scales must be at most {largest} ({dtype}'s largest value {top:g} / "
+            f"{divisor}, the largest scale a finite {dtype} input gives), got "
+            f"{scales[bad]} at {where}{bad}"
         )
 
 

@@ -76,15 +76,19 @@ def _check_reach(scales: np.ndarray, zps: np.ndarray, config: QuantConfig, dtype
     so the extreme codes reach at most ``max·(1 + 1/(qmax - qmin))`` (float64 slack
     on top); a larger scale or zero point is hand-made or corrupt."""
     span = config.qmax - config.qmin
-    limit = _SOURCE_MAX[dtype] * (1 + 1 / span) * (1 + 1e-9)
+    # In halves, so float64's limit (past its own largest value) stays finite. An
+    # infinite scale (a float64 range that overflowed, as the seed's math gives it)
+    # is not judged here.
+    half_limit = _SOURCE_MAX[dtype] / 2 * (1 + 1 / span) * (1 + 1e-9)
     with np.errstate(over="ignore"):  # an inf reach is reported below
-        reach = np.maximum(np.abs(config.qmin - zps), np.abs(config.qmax - zps)) * scales
-    bad = first_true(reach > limit)
+        half_reach = np.maximum(np.abs(config.qmin - zps), np.abs(config.qmax - zps)) * (scales / 2)
+    bad = first_true((half_reach > half_limit) & np.isfinite(scales))
     if bad is not None:
         raise InvalidConfigError(
             f"scales and zero_points: group {bad} (scale {scales[bad]}, zero point "
             f"{zps[bad]}) dequantizes codes {config.qmin}..{config.qmax} up to "
-            f"{reach[bad]:.4g}, beyond what a finite {dtype} input gives ({limit:.4g})"
+            f"{2 * half_reach[bad]:.4g}, beyond what a finite {dtype} input gives (its "
+            f"largest value {_SOURCE_MAX[dtype]:.4g}, and a step)"
         )
 
 
@@ -278,7 +282,7 @@ class QuantizedTensor(Quantized):
             raise InvalidConfigError("zero_points must be finite integers")
         if config.mode == "symmetric" and zps.size and (zps != 0).any():
             raise InvalidConfigError("zero_points must be 0 for a symmetric config")
-        if dtype != "float64" and scales.size:
+        if scales.size:
             _check_reach(scales, zps, config, dtype)
         check_codes(data, n, config.qmin, config.qmax, config.bits == 4)
         if config.bits == 4 and n % 2 == 1 and data[-1] >> 4 != 0:

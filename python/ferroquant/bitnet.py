@@ -134,7 +134,7 @@ class QuantizedActivations(Quantized):
             )
         data, scales = held(data), held(scales)
         m = (1 << (cfg.activation_bits - 1)) - 1
-        check_scales(scales, m)
+        check_scales(scales, m, dtype=source_dtype(self.dtype))
         if data.size and (data.min() < -m or data.max() > m):
             bad = int(np.flatnonzero(np.abs(data.astype(np.int16)).reshape(-1) > m)[0])
             raise InvalidConfigError(

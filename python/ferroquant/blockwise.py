@@ -82,7 +82,7 @@ class BlockwiseQuantized(Quantized):
                 f"{block_size}, got {scales.shape}"
             )
         data, scales = held(data), held(scales)
-        check_scales(scales, 127, "block ")
+        check_scales(scales, 127, "block ", source_dtype(self.dtype))
         if data.size and data.min() < -127:
             bad = int(np.argmin(data))
             raise InvalidConfigError(f"data must hold codes in -127..127, got -128 at index {bad}")

@@ -174,7 +174,7 @@ class DynQuantTensor(Quantized):
             )
         data, scales = held(data), held(scales)
         clip = 7 if int4 else 127
-        check_scales(scales, clip)
+        check_scales(scales, clip, dtype=source_dtype(self.dtype))
         if int4 and n % 2 and data.size and data[-1] >> 4:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         check_codes(data, n, -clip, clip, int4)

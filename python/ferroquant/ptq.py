@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _ferroquant as _native
 from . import _format
-from ._base import Quantized
+from ._base import SOURCE_MAX, Quantized
 from ._checks import (
     beyond_f32,
     describe,
@@ -166,6 +166,23 @@ class LayerCalibration(Quantized):
         )
 
 
+def _check_reach(codes: np.ndarray, scale: float, dtype: str) -> None:
+    """InvalidConfigError when the largest code times ``scale`` lies beyond anything a
+    finite ``dtype`` weight rounds to: ``round(w / scale)`` is ``q`` only for ``|w| >=
+    (|q| - 0.5)·scale``, so past the dtype's largest value that code cannot come from
+    a weight (any scale ``from_f32`` is given included). Such a layer would dequantize
+    to inf."""
+    if not codes.size:
+        return
+    top = max(-int(codes.min()), int(codes.max()))
+    least = (top - 0.5) * scale  # float64: exact enough, never inf
+    if least > float(SOURCE_MAX[dtype]):
+        raise InvalidConfigError(
+            f"scale: {scale:g} with code {top} stands for weights of at least {least:.4g}, "
+            f"beyond {dtype}'s largest value {float(SOURCE_MAX[dtype]):g}"
+        )
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class QuantizedWeights(Quantized):
     """One layer's int8 weights (seed 004's ``QuantizedWeights``; codes held as int8).
@@ -206,12 +223,14 @@ class QuantizedWeights(Quantized):
                 f"weights_i8: expected {n} values for shape {shape}, got shape {w.shape}"
             )
         scale = _f32(self.scale, "scale", positive=True)
+        dtype = source_dtype(self.dtype)
+        _check_reach(w, scale, dtype)
         bias = self.bias
         if bias is not None:
             if not is_array_of(bias, np.float32):
                 raise TypeError(f"bias must be a float32 array or None, got {describe(bias)}")
             bias = _check_bias(bias, shape)
-        object.__setattr__(self, "dtype", source_dtype(self.dtype))
+        object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "weights_i8", held(w).reshape(-1))
         object.__setattr__(self, "shape", shape)
