@@ -1651,3 +1651,17 @@ def test_a_long_nested_name_costs_no_quadratic_memory(tmp_path):
     got = fq.load(out)
     np.testing.assert_array_equal(got["a"], np.ones((2, 2), np.float32))
     assert isinstance(got[deep], fq.BlockwiseQuantized)
+
+
+def test_two_runs_write_the_same_bytes(model, tmp_path):
+    # Metadata came out in a hash map's order: identical runs differed from byte 37.
+    outs = []
+    for i in range(3):
+        out = tmp_path / f"q{i}.safetensors"
+        p = cli("quantize", str(model), "-o", str(out), "--no-progress", "-p", "block_size=32")
+        assert p.returncode == 0, p.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    back = tmp_path / "back.safetensors"
+    p = cli("dequantize", str(tmp_path / "q0.safetensors"), "-o", str(back))
+    assert p.returncode == 0, p.stderr

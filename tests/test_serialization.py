@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
-from helpers import craft
+from helpers import craft, run_python
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -728,3 +728,36 @@ def test_arrays_are_read_as_little_endian(tmp_path, tensors):
         for name, value in got.items():
             if isinstance(value, np.ndarray):
                 assert value.dtype.byteorder in "<|", (name, value.dtype.byteorder)
+
+
+def test_the_same_values_give_the_same_bytes_in_every_process(tmp_path):
+    # The writer keeps metadata in a hash map and wrote it in that map's order: the
+    # same values and metadata gave different files from call to call.
+    code = f"""
+    import hashlib, numpy as np, ferroquant as fq
+    rng = np.random.default_rng(0)
+    d = {{f"w{{i}}": fq.quantize_blockwise(rng.standard_normal((8, 8)).astype(np.float32))
+         for i in range(6)}}
+    d["plain"] = np.ones(3, np.float32)
+    meta = {{f"k{{i}}": str(i) for i in range(5)}}
+    seen = set()
+    for i in range(4):
+        seen.add(hashlib.sha256(fq.save_bytes(d, metadata=meta)).hexdigest())
+        path = {str(tmp_path)!r} + f"/f{{i}}.safetensors"
+        fq.save(path, d, metadata=meta)
+        seen.add(hashlib.sha256(open(path, "rb").read()).hexdigest())
+    print(*seen)
+    """
+    digests = set()
+    for _ in range(3):
+        p = run_python(code)
+        assert p.returncode == 0, p.stderr
+        digests.update(p.stdout.split())
+    assert len(digests) == 1
+    # In key order in the header itself, and read back whole.
+    d = {f"w{i}": fq.quantize_blockwise(np.ones((4, 4), np.float32)) for i in range(3)}
+    raw = fq.save_bytes(d, metadata={"z": "1", "a": "2"})
+    (n,) = struct.unpack_from("<Q", raw)
+    keys = list(json.loads(raw[8 : 8 + n])["__metadata__"])
+    assert keys == sorted(keys) and len(keys) == 5
+    assert fq.load_bytes(raw).keys() == d.keys()

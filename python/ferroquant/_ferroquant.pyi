@@ -1,5 +1,6 @@
 # Hand-written stub of the native module, checked by `python -m mypy.stubtest`.
-from typing import Any, Dict, List, Optional, Tuple, final
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +39,8 @@ __all__ = [
     "set_output_cache",
     "simd_isa",
     "smooth_in_place",
+    "sort_safetensors_metadata",
+    "sort_safetensors_metadata_file",
     "supported_isas",
     "to_float32",
     "w8a8_product",
@@ -71,6 +74,8 @@ def to_float32(x: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]: ...
 def parse_safetensors_header(
     header: bytes, file_len: int, max_ndim: int
 ) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str, List[int], int, int]]]: ...
+def sort_safetensors_metadata(header: bytes) -> Optional[bytes]: ...
+def sort_safetensors_metadata_file(path: Union[str, os.PathLike[str]]) -> None: ...
 def get_num_threads() -> int: ...
 def _hold_pool_lock(seconds: float) -> None: ...
 def set_output_cache(max_bytes: int) -> None: ...

@@ -250,7 +250,8 @@ def dump_bytes(tensors: Mapping[str, Any], metadata: Optional[Mapping[str, str]]
     """The safetensors bytes of ``tensors``."""
     flat, meta = flatten(tensors, metadata)
     try:
-        return bytes(serialize(specs(flat), metadata=meta or None))
+        raw = bytes(serialize(specs(flat), metadata=meta or None))
+        return _sorted_metadata(raw) if len(meta) > 1 else raw
     except Exception as e:
         raise _writer_error(e, None) from None
     except BaseException as e:
@@ -524,7 +525,23 @@ def _link_new(tmp: str, dest: str) -> None:
 
 def write_tensors(path: PathLike, spec_map: Mapping[str, TensorSpec], meta: Dict[str, str]) -> None:
     """Write a safetensors file from TensorSpecs (see :func:`write_file`)."""
-    write_file(path, lambda tmp: serialize_file(dict(spec_map), tmp, metadata=meta or None))
+
+    def write(tmp: str) -> None:
+        serialize_file(dict(spec_map), tmp, metadata=meta or None)
+        if len(meta) > 1:
+            _native.sort_safetensors_metadata_file(tmp)
+
+    write_file(path, write)
+
+
+def _sorted_metadata(data: bytes) -> bytes:
+    """``data`` (safetensors bytes) with its metadata in key order: the writer puts it
+    in a hash map's order, which changes from one call to the next."""
+    (n,) = struct.unpack_from("<Q", data)
+    new = _native.sort_safetensors_metadata(data[8 : 8 + n])
+    if new is None:
+        return data
+    return b"".join((data[:8], new, memoryview(data)[8 + n :]))
 
 
 # -- reading -------------------------------------------------------------------------

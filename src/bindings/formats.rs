@@ -4,9 +4,10 @@
 use super::arrays::exact;
 use super::errors::{os_error, to_pyerr};
 use crate::error::QuantError;
-use crate::formats::safetensors_header::parse_header;
+use crate::formats::safetensors_header::{parse_header, sort_metadata, sort_metadata_in_file};
 use crate::formats::spilled::{self, Spilled, WriteError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -115,9 +116,26 @@ impl SpillFile {
     }
 }
 
+/// The header (JSON, without its length prefix) with its `__metadata__` entries
+/// in key order, or `None` if it is already so or is not the `safetensors`
+/// writer's (see `formats::safetensors_header::sort_metadata`).
+#[pyfunction]
+fn sort_safetensors_metadata(py: Python<'_>, header: &[u8]) -> Option<Py<PyBytes>> {
+    let mut h = header.to_vec();
+    sort_metadata(&mut h).then(|| PyBytes::new(py, &h).unbind())
+}
+
+/// `sort_safetensors_metadata` on the file at `path`, in place.
+#[pyfunction]
+fn sort_safetensors_metadata_file(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    py.detach(|| sort_metadata_in_file(&path)).map_err(os_error)
+}
+
 /// Register these functions.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_safetensors_header, m)?)?;
+    m.add_function(wrap_pyfunction!(sort_safetensors_metadata, m)?)?;
+    m.add_function(wrap_pyfunction!(sort_safetensors_metadata_file, m)?)?;
     m.add_class::<SpillFile>()?;
     Ok(())
 }

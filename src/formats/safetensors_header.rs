@@ -110,6 +110,63 @@ pub fn parse_header(header: &[u8], file_len: usize, max_ndim: usize) -> Result<H
     Ok(Header { metadata, tensors })
 }
 
+/// Puts the `__metadata__` entries of a header the `safetensors` crate wrote
+/// in key order, in place; whether anything moved.
+///
+/// The crate keeps metadata in a `HashMap` and writes it in that map's order,
+/// which changes from one process (and one map) to the next: the same tensors
+/// and metadata gave different files. It writes `__metadata__` first, compact,
+/// with `serde_json`; re-serializing the same entries in key order with
+/// `serde_json` gives the same bytes, reordered, at the same length, so the
+/// header's length and every offset stay as they are. A header of another
+/// shape (another writer's, or one this cannot reorder at the same length) is
+/// left untouched.
+pub fn sort_metadata(header: &mut [u8]) -> bool {
+    const KEY: &[u8] = br#"{"__metadata__":"#;
+    if !header.starts_with(KEY) {
+        return false;
+    }
+    let start = KEY.len();
+    let mut values = serde_json::Deserializer::from_slice(&header[start..])
+        .into_iter::<std::collections::BTreeMap<String, String>>();
+    let Some(Ok(entries)) = values.next() else {
+        return false;
+    };
+    let end = start + values.byte_offset();
+    let Ok(sorted) = serde_json::to_vec(&entries) else {
+        return false;
+    };
+    if sorted.len() != end - start || sorted[..] == header[start..end] {
+        return false;
+    }
+    header[start..end].copy_from_slice(&sorted);
+    true
+}
+
+/// [`sort_metadata`] on the safetensors file at `path`, rewriting its header
+/// in place (a file whose header is not the crate's is left as it is).
+pub fn sort_metadata_in_file(path: &std::path::Path) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let mut prefix = [0u8; PREFIX_LEN];
+    file.read_exact(&mut prefix)?;
+    let len = u64::from_le_bytes(prefix);
+    // The crate writes at most 100 MB of header; a longer one is not its.
+    if len > 100_000_000 || len > file.metadata()?.len() - PREFIX_LEN as u64 {
+        return Ok(());
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header)?;
+    if sort_metadata(&mut header) {
+        file.seek(SeekFrom::Start(PREFIX_LEN as u64))?;
+        file.write_all(&header)?;
+    }
+    Ok(())
+}
+
 /// A pass over the header that refuses a key given twice in the top-level
 /// object (tensor names) or in its `__metadata__` object (values unread).
 struct UniqueKeys {
@@ -168,6 +225,97 @@ mod tests {
 
     fn parse(json: &str, data: usize) -> Result<Header> {
         parse_header(json.as_bytes(), PREFIX_LEN + json.len() + data, 64)
+    }
+
+    /// The crate's file of one tensor and `meta`, as bytes.
+    fn crate_file(meta: &[(&str, &str)]) -> Vec<u8> {
+        let data = [1u8, 2, 3, 4];
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &data).unwrap();
+        let meta = meta
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        safetensors::tensor::serialize([("t", view)], Some(meta)).unwrap()
+    }
+
+    fn header_of(file: &mut [u8]) -> &mut [u8] {
+        let n = u64::from_le_bytes(file[..PREFIX_LEN].try_into().unwrap()) as usize;
+        &mut file[PREFIX_LEN..PREFIX_LEN + n]
+    }
+
+    #[test]
+    fn metadata_comes_out_in_key_order_whatever_the_map_order() {
+        // Keys that escape (quotes, controls, non-ASCII) keep their length too.
+        let meta: Vec<(String, String)> = (0..24)
+            .map(|i| (format!("k{i:02}\"\u{1}é"), format!("v{i}\n\u{7f}")))
+            .collect();
+        let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut first: Option<Vec<u8>> = None;
+        for _ in 0..12 {
+            let mut file = crate_file(&meta);
+            seen.insert(file.clone());
+            let before = file.len();
+            sort_metadata(header_of(&mut file));
+            assert_eq!(file.len(), before);
+            let h = header_of(&mut file).to_vec();
+            let parsed = parse_header(&h, file.len(), 64).unwrap();
+            assert_eq!(parsed.metadata.len(), 24);
+            // Keys in order in the bytes themselves.
+            let at = |k: &str| {
+                let needle = serde_json::to_vec(k).unwrap();
+                h.windows(needle.len()).position(|w| w == needle).unwrap()
+            };
+            assert!(meta.windows(2).all(|p| at(p[0].0) < at(p[1].0)));
+            match &first {
+                Some(f) => assert_eq!(f, &file),
+                None => first = Some(file),
+            }
+        }
+        // The maps did come out in more than one order (else this proves nothing).
+        assert!(seen.len() > 1);
+    }
+
+    #[test]
+    fn a_header_of_another_shape_is_left_alone() {
+        for text in [
+            r#"{"t":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"__metadata__":{"b":"1","a":"2"}}"#,
+            r#"{"__metadata__":{"b":"1","a":"2"  },"t":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#,
+            r#"{"__metadata__":{"b":1},"t":{}}"#,
+            r#"{"__metadata__":{"a":"1","b":"2"},"t":{}}"#,
+            r#"{"__metadata__":"#,
+        ] {
+            let mut h = text.as_bytes().to_vec();
+            assert!(!sort_metadata(&mut h), "{text}");
+            assert_eq!(h, text.as_bytes());
+        }
+        let mut h = br#"{"__metadata__":{"b":"1","a":"2"},"t":{}}"#.to_vec();
+        assert!(sort_metadata(&mut h));
+        assert_eq!(h, br#"{"__metadata__":{"a":"2","b":"1"},"t":{}}"#);
+    }
+
+    #[test]
+    fn a_file_is_rewritten_in_place() {
+        let meta: Vec<(String, String)> = (0..16).map(|i| (format!("m{i}"), "x".into())).collect();
+        let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let mut want: Option<Vec<u8>> = None;
+        for i in 0..8 {
+            let path = dir.path().join(format!("f{i}"));
+            std::fs::write(&path, crate_file(&meta)).unwrap();
+            sort_metadata_in_file(&path).unwrap();
+            let got = std::fs::read(&path).unwrap();
+            match &want {
+                Some(w) => assert_eq!(w, &got),
+                None => want = Some(got),
+            }
+        }
+        // Too short for its stated header: left as it is.
+        let path = dir.path().join("short");
+        std::fs::write(&path, 1000u64.to_le_bytes()).unwrap();
+        sort_metadata_in_file(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), 1000u64.to_le_bytes());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! instead would put every page of it in the process's resident set while the
 //! file is written, so peak memory would grow with the model.
 
+use crate::formats::safetensors_header::sort_metadata_in_file;
 use safetensors::tensor::{serialize_to_file, Dtype, View};
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -194,6 +195,9 @@ impl SpillFile {
             safetensors::SafeTensorError::IoError(e) => WriteError::Io(e),
             other => WriteError::Format(other.to_string()),
         })?;
+        // The crate writes metadata in a HashMap's order: the same run twice
+        // gave different bytes.
+        sort_metadata_in_file(&partial).map_err(WriteError::Io)?;
         partial.persist(path).map_err(|e| WriteError::Io(e.error))
     }
 }
