@@ -125,6 +125,18 @@ def test_params_reach_the_quantizer(tmp_path, model):
     assert fq.load(out)["conv.weight"].block_size == 16
     r = cli("quantize", str(model), "-o", str(out), "--scheme", "int8", "-p", "bits=4")
     assert r.returncode == 1 and "does not take bits" in r.stderr
+    # A value given twice was settled by whichever came last, without a word.
+    for twice, said in (
+        (["-p", "block_size=8", "--block-size", "16"], "-p block_size and --block-size"),
+        (["-p", "block_size=3", "-p", "block-size=4"], "-p block_size and -p block_size"),
+        (["--scale-dtype", "float16", "-p", "scale_dtype=float32"], "-p scale_dtype and"),
+    ):
+        r = cli("quantize", str(model), "-o", str(tmp_path / "t.safetensors"), *twice)
+        assert r.returncode == 1 and "given twice" in r.stderr and said in r.stderr, r.stderr
+    assert not (tmp_path / "t.safetensors").exists()
+    # null is None, which NumPy would read as float64: named as given.
+    r = cli("quantize", str(model), "-o", str(out), "-p", "scale_dtype=null")
+    assert r.returncode == 1 and "got None" in r.stderr, r.stderr
 
 
 def test_quantize_refuses_an_already_quantized_file(tmp_path, model):

@@ -412,6 +412,8 @@ def _masked_inside(x: Sequence[Any], depth: int) -> bool:
 
 def scale_dtype(value: Any) -> np.dtype:
     """Normalize a ``scale_dtype`` argument to float16 or float32."""
+    if value is None:  # NumPy reads None as float64: named as given
+        raise InvalidConfigError("scale_dtype must be numpy.float16 or numpy.float32, got None")
     try:
         dt = np.dtype(value)
     except (TypeError, ValueError, SyntaxError):  # NumPy's parser raises all three

@@ -466,11 +466,17 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if not args.demo and not args.input:
         raise CliError("no input: give IN.safetensors, or --demo for the MiniLM weights")
     src = demo_model_path() if args.demo else _input_path(args.input)
-    params: Dict[str, Any] = dict(args.param or [])
-    if args.block_size is not None:
-        params["block_size"] = args.block_size
-    if args.scale_dtype is not None:
-        params["scale_dtype"] = args.scale_dtype
+    params: Dict[str, Any] = {}
+    aliases = (("block_size", args.block_size), ("scale_dtype", args.scale_dtype))
+    given = [(f"-p {k}", k, v) for k, v in args.param or []]
+    given += [(f"--{k.replace('_', '-')}", k, v) for k, v in aliases if v is not None]
+    said: Dict[str, str] = {}
+    for flag, key, value in given:
+        # A value given twice, as -p and as its alias or as two -p, would be
+        # settled by which came last: refused rather than picked without a word.
+        if key in params:
+            raise CliError(f"{key} is given twice ({said[key]} and {flag}): give it once")
+        params[key], said[key] = value, flag
     try:
         factory = registry_factory(args.scheme)
     except KeyError as e:
