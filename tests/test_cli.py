@@ -128,8 +128,10 @@ def test_params_reach_the_quantizer(tmp_path, model):
     # A value given twice was settled by whichever came last, without a word.
     for twice, said in (
         (["-p", "block_size=8", "--block-size", "16"], "-p block_size and --block-size"),
-        (["-p", "block_size=3", "-p", "block-size=4"], "-p block_size and -p block_size"),
-        (["--scale-dtype", "float16", "-p", "scale_dtype=float32"], "-p scale_dtype and"),
+        (["-p", "block_size=3", "-p", "block-size=4"], "-p block_size and -p block-size"),
+        (["--scale-dtype", "float16", "-p", "scale_dtype=float32"], "--scale-dtype and -p"),
+        (["--block-size", "8", "--block-size", "16"], "--block-size and --block-size"),
+        (["--scale-dtype", "float16", "--scale-dtype", "float32"], "(--scale-dtype and --sc"),
     ):
         r = cli("quantize", str(model), "-o", str(tmp_path / "t.safetensors"), *twice)
         assert r.returncode == 1 and "given twice" in r.stderr and said in r.stderr, r.stderr

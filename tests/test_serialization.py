@@ -349,11 +349,28 @@ def test_scales_past_a_narrower_source_or_float64_are_refused():
         with pytest.raises(fq.InvalidConfigError, match=f"beyond {dtype}'s largest value"):
             fq.QuantizedWeights("l", np.array([127, 0], np.int8), (2,), scale, dtype=dtype)
         fq.QuantizedWeights("l", np.array([1, 0], np.int8), (2,), scale, dtype=dtype)
-    # Any scale from_f32 is given still makes a layer, extremes included.
+    # Any scale from_f32 is given still makes a layer that loads, extremes included:
+    # the reach is judged as the kernel rounds (fl32(w / scale) can land on k + 0.5
+    # while the exact quotient lies just below it).
     q = fq.QuantizedWeights.from_f32("l", np.array([3.4e38, -1.0], np.float32), scale=6.9e37)
     assert q.weights_i8.tolist() == [5, 0]
     q = fq.QuantizedWeights.from_f32("l", np.array([F32_MAX, -1.0], np.float32))
     assert q.weights_i8[0] == 127
+    for source, top in (
+        (np.float16, 65504.0),
+        (np.float32, F32_MAX),
+        (ml_dtypes.bfloat16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)),
+    ):
+        w = np.array([top, 1.0], source)
+        for k in (1, 5, 6, 63, 126):
+            s = np.float32(top / (k + 0.5))
+            for scale in (np.nextafter(s, np.float32(0)), s, np.nextafter(s, np.float32(np.inf))):
+                q = fq.QuantizedWeights.from_f32("l", w, scale=float(scale))
+                assert fq.load_bytes(fq.save_bytes({"q": q}))["q"] == q
+                with pytest.raises(fq.InvalidConfigError, match="largest value"):
+                    codes = q.weights_i8.copy()
+                    codes[0] = codes[0] + 1 if codes[0] < 127 else -128  # one code further
+                    fq.QuantizedWeights("l", codes, q.shape, q.scale, dtype=q.dtype)
 
 
 def test_truncated_files_raise_format_error(tmp_path, tensors):

@@ -418,8 +418,9 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _param(text: str) -> Tuple[str, Any]:
-    """``KEY=VALUE`` with VALUE read as JSON when it parses (``64``, ``true``) else a string."""
+def _param(text: str) -> Tuple[str, str, Any]:
+    """``KEY=VALUE`` as (KEY as typed, KEY with ``-`` read as ``_``, VALUE read as JSON
+    when it parses (``64``, ``true``) else a string)."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -427,7 +428,22 @@ def _param(text: str) -> Tuple[str, Any]:
         value = json.loads(raw)
     except ValueError:
         value = raw
-    return key.replace("-", "_"), value
+    return key, key.replace("-", "_"), value
+
+
+class _Given(argparse.Action):
+    """Records each scheme parameter (``-p``, ``--block-size``, ``--scale-dtype``) as
+    ``(flag as typed, key, value)`` in ``given``, in command-line order, so a key given
+    twice is refused rather than settled by whichever came last."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        given = list(getattr(namespace, "given", None) or [])
+        if self.dest == "param":
+            typed, key, value = values
+            given.append((f"-p {typed}", key, value))
+        else:
+            given.append((str(option_string), self.dest, values))
+        namespace.given = given
 
 
 def _source_bytes(value: Any) -> int:
@@ -467,11 +483,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise CliError("no input: give IN.safetensors, or --demo for the MiniLM weights")
     src = demo_model_path() if args.demo else _input_path(args.input)
     params: Dict[str, Any] = {}
-    aliases = (("block_size", args.block_size), ("scale_dtype", args.scale_dtype))
-    given = [(f"-p {k}", k, v) for k, v in args.param or []]
-    given += [(f"--{k.replace('_', '-')}", k, v) for k, v in aliases if v is not None]
     said: Dict[str, str] = {}
-    for flag, key, value in given:
+    for flag, key, value in args.given or []:
         # A value given twice, as -p and as its alias or as two -p, would be
         # settled by which came last: refused rather than picked without a word.
         if key in params:
@@ -1403,17 +1416,20 @@ def build_parser() -> argparse.ArgumentParser:
         "-p",
         "--param",
         type=_param,
-        action="append",
+        action=_Given,
         metavar="KEY=VALUE",
         help="a parameter of the scheme's quantizer (repeatable), e.g. -p block_size=32",
     )
     q.add_argument(
-        "--block-size", type=int, default=None, help="alias of -p block_size=N (blockwise8)"
+        "--block-size",
+        type=int,
+        action=_Given,
+        help="alias of -p block_size=N (blockwise8)",
     )
     q.add_argument(
         "--scale-dtype",
         choices=["float16", "float32"],
-        default=None,
+        action=_Given,
         help="alias of -p scale_dtype=... (blockwise8; default float16)",
     )
     q.add_argument(
@@ -1428,7 +1444,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file recorded as config_json of a .json (ptq-int8) model (default {})",
     )
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
-    q.set_defaults(func=cmd_quantize)
+    q.set_defaults(func=cmd_quantize, given=None)
 
     c = sub.add_parser(
         "compare", help="quantize with every weight scheme and print size and error side by side"

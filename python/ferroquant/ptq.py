@@ -167,19 +167,23 @@ class LayerCalibration(Quantized):
 
 
 def _check_reach(codes: np.ndarray, scale: float, dtype: str) -> None:
-    """InvalidConfigError when the largest code times ``scale`` lies beyond anything a
-    finite ``dtype`` weight rounds to: ``round(w / scale)`` is ``q`` only for ``|w| >=
-    (|q| - 0.5)·scale``, so past the dtype's largest value that code cannot come from
-    a weight (any scale ``from_f32`` is given included). Such a layer would dequantize
-    to inf."""
+    """InvalidConfigError when the largest code is beyond what any finite ``dtype``
+    weight quantizes to with ``scale``. The kernel's code is ``round(fl32(w /
+    scale))`` (half away from zero), which grows with ``|w|``, so the largest code
+    any weight gets is the one of the dtype's largest value: a larger one is
+    hand-made or corrupt, and such a layer would dequantize to inf."""
     if not codes.size:
         return
     top = max(-int(codes.min()), int(codes.max()))
-    least = (top - 0.5) * scale  # float64: exact enough, never inf
-    if least > float(SOURCE_MAX[dtype]):
+    with np.errstate(over="ignore"):  # a tiny scale: every code is in reach
+        quotient = float(SOURCE_MAX[dtype] / np.float32(scale))
+    if math.isinf(quotient):
+        return
+    reach = math.floor(quotient + 0.5)
+    if top > reach:
         raise InvalidConfigError(
-            f"scale: {scale:g} with code {top} stands for weights of at least {least:.4g}, "
-            f"beyond {dtype}'s largest value {float(SOURCE_MAX[dtype]):g}"
+            f"scale: {scale:g} with code {top} stands for weights beyond {dtype}'s largest "
+            f"value {float(SOURCE_MAX[dtype]):g}, which gives code {reach} at this scale"
         )
 
 
