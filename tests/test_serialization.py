@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -15,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ferroquant as fq
+from ferroquant import _format
 
 
 @pytest.fixture
@@ -736,15 +738,24 @@ def test_hostile_settings_entries_are_format_errors(scheme, params):
         fq.load_bytes(blob)
 
 
-def test_arrays_are_read_as_little_endian(tmp_path, tensors):
-    # safetensors stores little-endian bytes; native dtypes would read them swapped
-    # on a big-endian host, so the readers name the byte order.
+def test_arrays_are_read_as_little_endian(tmp_path, tensors, monkeypatch):
+    # safetensors stores little-endian bytes: native dtypes would read them swapped
+    # on a big-endian host. On this (little-endian) host the canonical dtype objects,
+    # which fast paths compare by identity (`x.dtype is float32`).
+    assert sys.byteorder == "little"
     path = tmp_path / "m.safetensors"
     fq.save(path, tensors)
     for got in (fq.load(path), fq.load_bytes(fq.save_bytes(tensors))):
         for name, value in got.items():
             if isinstance(value, np.ndarray):
-                assert value.dtype.byteorder in "<|", (name, value.dtype.byteorder)
+                assert value.dtype is np.dtype(value.dtype.type), name
+    # As a big-endian host reads them: every multi-byte element named "<".
+    monkeypatch.setattr(_format, "_LITTLE_HOST", False)
+    for got in (fq.load(path), fq.load_bytes(fq.save_bytes(tensors))):
+        arrays = {n: v for n, v in got.items() if isinstance(v, np.ndarray)}
+        assert arrays
+        for name, value in arrays.items():
+            assert value.dtype.byteorder in "<|", (name, value.dtype.byteorder)
 
 
 def test_the_same_values_give_the_same_bytes_in_every_process(tmp_path):

@@ -30,6 +30,7 @@ import re
 import secrets
 import stat
 import struct
+import sys
 import threading
 from typing import (
     Any,
@@ -614,17 +615,21 @@ def parse_header(
     return dict(meta_pairs), tensors
 
 
+#: safetensors stores every element little-endian: the native dtypes on a little-endian
+#: host (the canonical objects, which fast paths compare by identity), "<" on others.
+_LITTLE_HOST = sys.byteorder == "little"
+
+
 def _numpy_dtype(t: Tensor, name: str, origin: str) -> np.dtype:
     """The NumPy dtype of tensor ``t``, little-endian as safetensors stores every
-    element (native on most hosts; a big-endian host reads it right too), or
-    FormatError for one NumPy cannot hold."""
+    element (see ``_LITTLE_HOST``), or FormatError for one NumPy cannot hold."""
     dt = _TAGS.get(t.dtype_tag)
     if dt is None:
         raise FormatError(
             f"{origin}: tensor {name!r} has dtype {t.dtype_tag}, which NumPy cannot hold "
             "(elements narrower than a byte)"
         )
-    return dt.newbyteorder("<")
+    return dt if _LITTLE_HOST else dt.newbyteorder("<")
 
 
 def array_at(buf: Any, t: Tensor, name: str, origin: str) -> np.ndarray:
