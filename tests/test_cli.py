@@ -139,6 +139,14 @@ def test_params_reach_the_quantizer(tmp_path, model):
     # null is None, which NumPy would read as float64: named as given.
     r = cli("quantize", str(model), "-o", str(out), "-p", "scale_dtype=null")
     assert r.returncode == 1 and "got None" in r.stderr, r.stderr
+    # {} is a structured dtype to NumPy, printed `[]`: named as given.
+    r = cli("quantize", str(model), "-o", str(out), "-p", "scale_dtype={}")
+    assert r.returncode == 1 and "got {}" in r.stderr, r.stderr
+    # An unknown key is named as typed, not as read (`block--size` -> block__size).
+    r = cli("quantize", str(model), "-o", str(out), "-p", "block--size=8")
+    assert r.returncode == 1 and "does not take block--size (it takes" in r.stderr, r.stderr
+    r = cli("quantize", str(model), "-o", str(out), "--scheme", "int8", "--block-size", "8")
+    assert r.returncode == 1 and "does not take --block-size" in r.stderr, r.stderr
 
 
 def test_quantize_refuses_an_already_quantized_file(tmp_path, model):

@@ -421,7 +421,9 @@ def scale_dtype(value: Any) -> np.dtype:
             f"scale_dtype must be numpy.float16 or numpy.float32, got {value!r}"
         ) from None
     if dt not in (np.dtype(np.float16), np.dtype(np.float32)):
-        raise InvalidConfigError(f"scale_dtype must be numpy.float16 or numpy.float32, got {dt}")
+        # A container NumPy reads as a structured dtype ({} as `[]`) is named as given.
+        shown = repr(value) if dt.names is not None or isinstance(value, (dict, list)) else dt
+        raise InvalidConfigError(f"scale_dtype must be numpy.float16 or numpy.float32, got {shown}")
     return dt
 
 

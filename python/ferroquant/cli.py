@@ -498,9 +498,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     unknown = sorted(set(params) - accepted) if accepted is not None else []
     if unknown:
         takes = ", ".join(sorted(accepted or ())) or "no parameters"
-        raise CliError(
-            f"scheme {args.scheme!r} does not take {', '.join(unknown)} (it takes {takes})"
-        )
+        # Named as typed (`-p block--size` reads as block__size, which nobody typed).
+        typed = ", ".join(_one_line(said[k].removeprefix("-p ")) for k in unknown)
+        raise CliError(f"scheme {args.scheme!r} does not take {typed} (it takes {takes})")
     try:
         quantizer = get_quantizer(args.scheme, **params)
     except TypeError as e:
