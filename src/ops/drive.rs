@@ -88,8 +88,18 @@ pub(crate) fn split_quantize<T: Float, S: ScaleStore>(
         isa,
         bs,
         rule,
-        // Long groups (rows, tokens) of a large output stream their codes.
-        store: Store::for_run(x.len(), bs, par),
+        // Long groups (rows, tokens) of a large output stream their codes, and
+        // so do blocks of 64, which a tier may code in batches whose codes it
+        // streams as whole lines (a block alone is a line at most).
+        store: Store::for_run(
+            x.len(),
+            if bs == 64 {
+                Store::STREAMING_MIN_RUN
+            } else {
+                bs
+            },
+            par,
+        ),
     };
     if !par {
         return quantize_task(plan, x, codes, scales, 0);

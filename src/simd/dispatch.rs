@@ -126,8 +126,27 @@ unsafe fn absmax_blocks_with<K: Kernels>(
     scales: &mut [f32],
     store: Store,
 ) -> Result<(), usize> {
+    // Blocks of 64: a tier may do (most of) them in batches.
+    let done = if block == 64 {
+        let whole = (x.len() / 64).min(codes.len() / 64).min(scales.len());
+        let (xw, cw, sw) = (
+            &x[..64 * whole],
+            &mut codes[..64 * whole],
+            &mut scales[..whole],
+        );
+        // SAFETY: forwarded from this function's contract (caller has K's features).
+        unsafe { K::absmax_blocks64(xw, rule, cw, sw, store) }.min(whole)
+    } else {
+        0
+    };
+    let (x, codes, scales) = (
+        &x[done * block..],
+        &mut codes[done * block..],
+        &mut scales[done..],
+    );
     let blocks = x.chunks(block).zip(codes.chunks_mut(block));
     for (b, ((xb, cb), s)) in blocks.zip(scales.iter_mut()).enumerate() {
+        let b = b + done;
         // SAFETY: forwarded from this function's contract (caller has K's features).
         let m = unsafe { K::absmax_bits(xb) };
         if m >= F32_INF_BITS {

@@ -66,6 +66,153 @@ fn blockwise_quantize_matches_scalar_on_every_isa() {
     }
 }
 
+/// Blocks of 64 run sixteen at a time on AVX-512: whole batches of blocks of
+/// every kind (all zero, all -0.0, a max whose scale underflows to 0, scales
+/// that are subnormal, a max of f32::MAX whose reciprocal is subnormal, near
+/// ties, ordinary), at every block position of a batch, then a tail of blocks;
+/// a non-finite value at every position of the second batch; f16 and f32
+/// scales. Every tier gives the scalar loop's codes, scales and error.
+#[test]
+fn batches_of_sixteen_blocks_match_scalar() {
+    let kinds = |k: usize, seed: u64| -> Vec<f32> {
+        let mut b = adversarial(64, seed);
+        match k % 8 {
+            0 => b.fill(0.0),
+            1 => b.fill(-0.0),
+            2 => {
+                b.fill(0.0);
+                b[(seed % 64) as usize] = f32::from_bits(1); // scale 1.4e-45 / 127 == 0
+            }
+            3 => b.iter_mut().for_each(|v| *v *= 1e-40), // subnormal scale
+            4 => b[(seed % 64) as usize] = f32::MAX,     // reciprocal subnormal
+            5 => {
+                // Exact ties at scale 1 (max 127), and one ulp either side.
+                for (i, v) in b.iter_mut().enumerate() {
+                    let t = (i as f32 - 32.0) + 0.5;
+                    *v = f32::from_bits((t.to_bits() as i64 + (i % 3) as i64 - 1) as u32);
+                }
+                b[0] = 127.0;
+            }
+            _ => {}
+        }
+        b
+    };
+    for isa in Isa::supported() {
+        for rot in 0..8 {
+            // 3 batches and 5 blocks: block j's kind is (j + rot) % 8.
+            let x: Vec<f32> = (0..16 * 3 + 5)
+                .flat_map(|j| kinds(j + rot, (j * 31 + rot) as u64))
+                .collect();
+            // f16 scales: the f32::MAX block overflows float16, an error on every tier.
+            let f16_run = |isa: Isa| {
+                let mut c = vec![0i8; x.len()];
+                let mut s = vec![f16::ZERO; x.len() / 64];
+                let r = quantize_blockwise_with(isa, &x, 64, &mut c, ScalesMut::F16(&mut s));
+                (r.is_ok().then_some((c, s)), format!("{r:?}"))
+            };
+            assert_eq!(f16_run(isa), f16_run(Isa::Scalar), "{isa:?} rot {rot}");
+            let mut c = vec![0i8; x.len()];
+            let mut s = vec![0f32; x.len() / 64];
+            quantize_blockwise_with(isa, &x, 64, &mut c, ScalesMut::F32(&mut s)).unwrap();
+            let mut c0 = vec![0i8; x.len()];
+            let mut s0 = vec![0f32; x.len() / 64];
+            quantize_blockwise_with(Isa::Scalar, &x, 64, &mut c0, ScalesMut::F32(&mut s0)).unwrap();
+            assert_eq!(
+                (c, s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()),
+                (c0, s0.iter().map(|v| v.to_bits()).collect::<Vec<_>>()),
+                "f32 {isa:?} {rot}"
+            );
+        }
+        let x = adversarial(64 * 40, 11);
+        for at in (1024..2048).step_by(61).chain([1024, 2047]) {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut y = x.clone();
+                y[at] = bad;
+                y[at + 300] = f32::NAN; // a later one, in the same or the next batch
+                let mut c = vec![0i8; y.len()];
+                let mut s = vec![f16::ZERO; y.len() / 64];
+                let e = quantize_blockwise_with(isa, &y, 64, &mut c, ScalesMut::F16(&mut s));
+                assert!(
+                    matches!(e, Err(QuantError::NonFinite { index, .. }) if index == at),
+                    "{isa:?} at {at}: {e:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Streamed blocks of 64 (the batches assemble whole lines from neighbouring
+/// blocks' codes): codes at every byte offset within a line, lengths of whole
+/// batches and with tails, a non-finite value in the third batch; every tier
+/// writes the scalar loop's codes and scales and no byte around them.
+#[test]
+fn streamed_batches_of_blocks_match_scalar_at_every_offset() {
+    let rule = simd::AbsmaxRule {
+        divisor: 127.0,
+        zero_scale: 1.0,
+        clip: 127.0,
+    };
+    let x = adversarial(64 * 16 * 4 + 64 * 5, 21);
+    for isa in Isa::supported() {
+        for n in [1024usize, 2048 + 64, x.len()] {
+            let mut want = vec![0i8; n];
+            let mut want_s = vec![0f32; n / 64];
+            let r0 = simd::absmax_blocks(
+                Isa::Scalar,
+                &x[..n],
+                64,
+                rule,
+                &mut want,
+                &mut want_s,
+                Store::Cached,
+            );
+            for off in 0..64 {
+                let mut buf = vec![0x55i8; off + n + 64];
+                let mut s = vec![0f32; n / 64];
+                let out = &mut buf[off..off + n];
+                let r = simd::absmax_blocks(isa, &x[..n], 64, rule, out, &mut s, Store::Streaming);
+                assert_eq!(r, r0, "{isa:?} n {n} off {off}");
+                assert_eq!(&buf[off..off + n], &want[..], "{isa:?} n {n} off {off}");
+                assert_eq!(s, want_s, "{isa:?} n {n} off {off}");
+                assert!(buf[..off].iter().chain(&buf[off + n..]).all(|&b| b == 0x55));
+            }
+        }
+        let mut y = x.clone();
+        y[2048 + 100] = f32::NAN;
+        for off in [0usize, 16, 5] {
+            let mut buf = vec![0x55i8; off + y.len() + 64];
+            let mut s = vec![0f32; y.len() / 64];
+            let out = &mut buf[off..off + y.len()];
+            let r = simd::absmax_blocks(isa, &y, 64, rule, out, &mut s, Store::Streaming);
+            assert_eq!(r, Err(2048 + 100), "{isa:?} off {off}");
+            // The batches before the bad one are coded as the scalar loop codes them.
+            assert_eq!(
+                &buf[off..off + 2048],
+                &want_prefix(&y, rule)[..],
+                "{isa:?} off {off}"
+            );
+            assert!(buf[..off].iter().all(|&b| b == 0x55));
+        }
+    }
+}
+
+/// The scalar codes of the first two batches (2048 values) of `y`.
+fn want_prefix(y: &[f32], rule: simd::AbsmaxRule) -> Vec<i8> {
+    let mut c = vec![0i8; 2048];
+    let mut s = vec![0f32; 32];
+    let r = simd::absmax_blocks(
+        Isa::Scalar,
+        &y[..2048],
+        64,
+        rule,
+        &mut c,
+        &mut s,
+        Store::Cached,
+    );
+    assert_eq!(r, Ok(()));
+    c
+}
+
 #[test]
 fn tails_of_every_length_match_scalar() {
     // Block 64 with a tail of 1..63, and primitives over lengths 0..70.
