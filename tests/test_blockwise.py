@@ -202,6 +202,34 @@ def test_non_finite_index_in_large_parallel_input(restore_threads):
         assert e.value.index == 2_500_001
 
 
+def test_a_large_output_on_one_thread_has_the_codes_of_small_calls(restore_threads):
+    # Outputs of 8 MiB and more, on one thread, are streamed: whole lines made of
+    # one block's codes and the next one's (AVX-512), at whatever offset NumPy's
+    # allocation starts. Small calls store their codes the ordinary way.
+    rng = np.random.default_rng(7)
+    n = (8 << 20) + 64 * 5 + 17
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    x[64 * 100 : 64 * 101] = 0.0  # an all-zero block: scale 1, codes 0
+    x[64 * 2000 : 64 * 2001] *= np.float32(1e-41)  # subnormal scales
+    x[64 * 3001 + 5] = np.float32(3e38)
+    x[64 * 4000 : 64 * 4001] = (np.arange(64) - 31.5).astype(np.float32)  # ties at scale 0.25
+    x[64 * 4000] = 127.0 / 4
+    fq.set_num_threads(1)
+    big = fq.quantize_blockwise(x, 64, scale_dtype=np.float32)
+    step = 64 * 1024
+    for at in range(0, n, step):
+        part = fq.quantize_blockwise(x[at : at + step], 64, scale_dtype=np.float32)
+        assert np.array_equal(big.data[at : at + step], part.data), at
+        assert np.array_equal(
+            big.scales[at // 64 : (at + step) // 64 + 1][: part.scales.size], part.scales
+        )
+    # (The Rust tests cover every output offset within a line.)
+    x[n - 3] = np.nan
+    with pytest.raises(fq.NonFiniteError) as e:
+        fq.quantize_blockwise(x, 64)
+    assert e.value.index == n - 3
+
+
 @pytest.mark.parametrize(
     "x",
     [
