@@ -109,6 +109,20 @@ def rows_for(
     return rows
 
 
+def max_abs_nodes(x: str, keepdims: int) -> List[Any]:
+    """ONNX nodes for ``m = max|x|`` along the axis in the initializer ``axes`` without an
+    ``Abs`` temporary: ``max(ReduceMax(x), -ReduceMin(x))`` (the same value, one pass
+    fewer over ``x`` than ``Abs`` then ``ReduceMax``)."""
+    from onnx import helper
+
+    return [
+        helper.make_node("ReduceMax", [x, "axes"], ["hi"], keepdims=keepdims),
+        helper.make_node("ReduceMin", [x, "axes"], ["lo"], keepdims=keepdims),
+        helper.make_node("Neg", ["lo"], ["neg"]),
+        helper.make_node("Max", ["hi", "neg"], ["m"]),
+    ]
+
+
 def ort_session(graph: Any, threads: int, opset: int = 21) -> Optional[Any]:
     """An ONNX Runtime session for ``graph`` on ``threads`` threads, spinning off."""
     try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List
 
 import numpy as np
-from compare import Row, interleaved, ort_session, rows_for
+from compare import Row, interleaved, max_abs_nodes, ort_session, rows_for
 
 import ferroquant as fq
 
@@ -96,10 +96,7 @@ def ort_graphs(rows: int, cols: int, threads: int) -> Dict[str, Callable[..., An
     # The same codes without the 32 MiB Abs temporary: max|x| = max(max x, -min x).
     per_row_mm = helper.make_graph(
         [
-            helper.make_node("ReduceMax", ["x", "axes"], ["hi"], keepdims=1),
-            helper.make_node("ReduceMin", ["x", "axes"], ["lo"], keepdims=1),
-            helper.make_node("Neg", ["lo"], ["neg"]),
-            helper.make_node("Max", ["hi", "neg"], ["m"]),
+            *max_abs_nodes("x", keepdims=1),
             helper.make_node("Div", ["m", "c127"], ["s"]),
             helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], axis=1, block_size=cols),
         ],

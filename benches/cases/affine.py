@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List
 
 import numpy as np
-from compare import Row, interleaved, ort_session, rows_for, torch_module
+from compare import Row, interleaved, max_abs_nodes, ort_session, rows_for, torch_module
 
 import ferroquant as fq
 
@@ -86,10 +86,7 @@ def ort_graphs(rows: int, cols: int, n: int, threads: int) -> Dict[str, Callable
     # The same codes without the 64 MiB Abs temporary: max|w| = max(max w, -min w).
     per_channel_mm = helper.make_graph(
         [
-            helper.make_node("ReduceMax", ["w", "axes"], ["hi"], keepdims=0),
-            helper.make_node("ReduceMin", ["w", "axes"], ["lo"], keepdims=0),
-            helper.make_node("Neg", ["lo"], ["neg"]),
-            helper.make_node("Max", ["hi", "neg"], ["m"]),
+            *max_abs_nodes("w", keepdims=0),
             helper.make_node("Div", ["m", "c127"], ["s"]),
             helper.make_node("QuantizeLinear", ["w", "s", "zp"], ["q"], axis=0),
         ],

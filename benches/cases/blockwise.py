@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-from compare import Row, interleaved, ort_session, rows_for
+from compare import Row, interleaved, max_abs_nodes, ort_session, rows_for
 
 import ferroquant as fq
 
@@ -77,10 +77,7 @@ def onnx_sessions(n: int, threads: int) -> Optional[Dict[str, Callable[..., obje
     # The same codes without the 64 MiB Abs temporary: max|x| = max(max x, -min x).
     q_mm_graph = helper.make_graph(
         [
-            helper.make_node("ReduceMax", ["x", "axes"], ["hi"], keepdims=1),
-            helper.make_node("ReduceMin", ["x", "axes"], ["lo"], keepdims=1),
-            helper.make_node("Neg", ["lo"], ["neg"]),
-            helper.make_node("Max", ["hi", "neg"], ["m"]),
+            *max_abs_nodes("x", keepdims=1),
             helper.make_node("Div", ["m", "c127"], ["scale"]),
             helper.make_node(
                 "QuantizeLinear", ["x", "scale", "zp"], ["q"], axis=1, block_size=BLOCK
