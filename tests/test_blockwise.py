@@ -212,7 +212,8 @@ def test_a_large_output_on_one_thread_has_the_codes_of_small_calls(restore_threa
     x[64 * 100 : 64 * 101] = 0.0  # an all-zero block: scale 1, codes 0
     x[64 * 2000 : 64 * 2001] *= np.float32(1e-41)  # subnormal scales
     x[64 * 3001 + 5] = np.float32(3e38)
-    x[64 * 4000 : 64 * 4001] = (np.arange(64) - 31.5).astype(np.float32)  # ties at scale 0.25
+    # Exact ties: scale 0.25 (max 31.75), values (k + 0.5) * 0.25.
+    x[64 * 4000 : 64 * 4001] = ((np.arange(64) - 31.5) * 0.25).astype(np.float32)
     x[64 * 4000] = 127.0 / 4
     fq.set_num_threads(1)
     big = fq.quantize_blockwise(x, 64, scale_dtype=np.float32)
