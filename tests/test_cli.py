@@ -431,7 +431,7 @@ def test_compare_needs_a_float_matrix(tmp_path):
     src = tmp_path / "v.safetensors"
     stn.save_file({"v": np.ones(5, np.float32), "i": np.ones((2, 2), np.int32)}, str(src))
     r = cli("compare", str(src))
-    assert r.returncode == 1 and "no floating tensor of rank >= 2" in r.stderr
+    assert r.returncode == 1 and "no non-empty floating tensor of rank >= 2" in r.stderr
 
 
 # -- regressions from the adversarial review of the PTQ commands ---------------------------------
@@ -652,6 +652,41 @@ def test_rank_check_skips_tensors_that_are_only_copied(tmp_path, rng):
     stn.save_file({"w": w, "conv": np.ones((2, 2, 2, 2), np.float32)}, str(src))
     r = cli("quantize", str(src), "-o", str(out), "--scheme", "dynamic-int8-per-row")
     assert r.returncode == 1 and "'conv' of shape 2x2x2x2" in r.stderr
+
+
+def test_empty_tensors_are_copied_not_quantized(tmp_path, rng):
+    # A tensor of no elements has nothing to compress; per channel, its scales alone
+    # would be one a row (a [67108864, 0] tensor in an 80-byte file: 1 GiB of them).
+    # It is copied as it is, whatever the scheme (even one its rank does not fit),
+    # and `dequantize` gives it back unchanged.
+    src, out, back = (tmp_path / n for n in ("m.safetensors", "q.safetensors", "d.safetensors"))
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    empty = {
+        "tall": np.zeros((100_000, 0), np.float32),
+        "wide": np.zeros((0, 7), np.float16),
+        "cube": np.zeros((3, 0, 5), ml_dtypes.bfloat16),
+    }
+    stn.save_file({"w": w, **empty}, str(src))
+    for scheme in ("int8-per-channel", "dynamic-int8-per-row", "blockwise8", "int4"):
+        r = cli("quantize", str(src), "-o", str(out), "--scheme", scheme, "--no-progress")
+        assert r.returncode == 0, (scheme, r.stderr)
+        assert f"1 of 4 tensors quantized with {scheme}" in r.stdout
+        assert out.stat().st_size < 2_000, scheme  # no per-row metadata for `tall`
+        got = fq.load(out)
+        assert got["w"] == fq.get_quantizer(scheme).quantize(w)
+        for name, arr in empty.items():
+            assert got[name].dtype == arr.dtype and got[name].shape == arr.shape, (scheme, name)
+        r = cli("dequantize", str(out), "-o", str(back))
+        assert r.returncode == 0, r.stderr
+        restored = stn.load_file(str(back))
+        for name, arr in empty.items():
+            assert restored[name].dtype == arr.dtype and restored[name].shape == arr.shape
+    # compare leaves them out of its tally, and refuses a file of nothing else.
+    r = cli("compare", str(src), "--schemes", "int8-per-channel", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    stn.save_file(empty, str(src))
+    r = cli("compare", str(src), "--no-progress")
+    assert r.returncode == 1 and "no non-empty floating tensor of rank >= 2" in r.stderr
 
 
 def test_error_statistics_do_not_hide_nan():
@@ -881,13 +916,29 @@ def test_ptq_ratios_count_what_is_held_against_what_the_layers_had(tmp_path, rng
     assert "48 B" in row and "3.00x" in row and "float32" in row
 
 
-def test_quantize_names_the_tensor_that_does_not_fit_in_memory(tmp_path):
-    # 2**40 channels of nothing: per-channel scales would need 8 TiB.
+def test_quantize_names_the_tensor_that_does_not_fit_in_memory(tmp_path, rng, monkeypatch, capsys):
+    from ferroquant import cli as cli_module
+
+    # 2**40 channels of nothing: copied (per-channel scales would need 8 TiB).
     src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
     src.write_bytes(craft({"f": {"dtype": "F32", "shape": [1 << 40, 0], "data_offsets": [0, 0]}}))
     r = cli("quantize", str(src), "-o", str(out), "--scheme", "int8-per-channel")
-    assert r.returncode == 1 and r.stderr.count("\n") == 1
-    assert "tensor 'f'" in r.stderr and "memory" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "0 of 1 tensors quantized" in r.stdout and out.stat().st_size < 1_000
+    assert fq.load(out)["f"].shape == (1 << 40, 0)
+    out.unlink()
+
+    # A tensor the kernels cannot find the memory for is named, on one line.
+    stn.save_file({"w": rng.standard_normal((4, 8)).astype(np.float32)}, str(src))
+
+    def no_memory(quantizer, arr, name):
+        raise MemoryError
+
+    monkeypatch.setattr(cli_module, "_quantize_named", no_memory)
+    args = ["quantize", str(src), "-o", str(out), "--scheme", "int8-per-channel", "--no-progress"]
+    assert cli_module.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tensor 'w' (shape 4x8)" in err and "memory" in err
     assert not out.exists()
 
 

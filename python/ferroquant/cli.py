@@ -563,7 +563,7 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
     for name in reader.names if fits is not None else ():
         t = reader.tensors[name]
         shape = tuple(t.shape)
-        if len(shape) >= 2 and t.dtype_tag in _TAG_DTYPES and name not in prefixes:
+        if _quantizable(shape, t.dtype_tag) and name not in prefixes:
             why = fits(shape, _TAG_DTYPES[t.dtype_tag])
             if why:
                 raise CliError(
@@ -609,7 +609,10 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                     f"read float32, float64, float16 and bfloat16, not {arr.dtype}",
                     file=sys.stderr,
                 )
-            if arr.ndim >= 2 and is_float_dtype(arr.dtype) and not clash:
+            # A tensor with no elements is copied: it has nothing to compress, and
+            # its scales alone could be far larger than the file (per channel, a
+            # [67108864, 0] tensor of no bytes would take 1 GiB of them).
+            if arr.ndim >= 2 and is_float_dtype(arr.dtype) and not clash and arr.size:
                 t0 = time.perf_counter()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -687,6 +690,13 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
         f"in {elapsed:.2f} s [{_path_shown(out)}]"
     )
     return 0
+
+
+def _quantizable(shape: Tuple[int, ...], dtype_tag: str) -> bool:
+    """Whether `quantize` and `compare` quantize a tensor of this shape and safetensors
+    dtype: floating, rank 2 or more, and at least one element (an empty tensor is
+    copied as it is)."""
+    return len(shape) >= 2 and dtype_tag in _TAG_DTYPES and math.prod(shape) > 0
 
 
 def _quantize_named(quantizer: Any, arr: np.ndarray, name: str) -> Any:
@@ -1061,10 +1071,10 @@ def _compare(
     tensors = [
         n
         for n in reader.names
-        if len(reader.tensors[n].shape) >= 2 and reader.tensors[n].dtype_tag in _FLOAT_TAGS
+        if _quantizable(tuple(reader.tensors[n].shape), reader.tensors[n].dtype_tag)
     ]
     if not tensors:
-        raise CliError(f"{src} holds no floating tensor of rank >= 2 to quantize")
+        raise CliError(f"{src} holds no non-empty floating tensor of rank >= 2 to quantize")
     # Keep the schemes that fit every tensor (a chosen one that does not is an error).
     kept = []
     for label, q in quantizers:
@@ -1397,7 +1407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"ferroquant {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    q = sub.add_parser("quantize", help="quantize every floating tensor of rank >= 2")
+    q = sub.add_parser("quantize", help="quantize every non-empty floating tensor of rank >= 2")
     q.add_argument("input", nargs="?", help="input .safetensors file")
     q.add_argument(
         "-o",
