@@ -2,8 +2,8 @@
 //! scalar kernel, which computes the same values.
 
 use super::kernels::{
-    products_via_dots, Affine, Beside, Kernels, Nothing, PackedTokens, Range, Store,
-    F32_FAST_LIMIT, F32_FAST_MARGIN,
+    products_via_dots, AbsmaxRule, Affine, Beside, Kernels, Nothing, PackedTokens, Range, Store,
+    F32_FAST_LIMIT, F32_FAST_MARGIN, F32_INF_BITS,
 };
 use super::scalar::{self, quantize_one, Scalar};
 use super::Isa;
@@ -219,6 +219,69 @@ unsafe fn hmax_epu32(a: __m256i) -> u32 {
         let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
         let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
         _mm_cvtsi128_si32(h) as u32
+    }
+}
+
+/// The 64 values at `p` as one vector of the largest |x| bits of each lane
+/// position (`abs` masks the sign).
+#[inline(always)]
+unsafe fn fold64(p: *const f32, abs: __m256i) -> __m256i {
+    // SAFETY: the caller guarantees 64 readable floats at `p` and AVX2.
+    unsafe {
+        let a = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs);
+        let b = _mm256_and_si256(_mm256_loadu_si256(p.add(8).cast()), abs);
+        let c = _mm256_and_si256(_mm256_loadu_si256(p.add(16).cast()), abs);
+        let d = _mm256_and_si256(_mm256_loadu_si256(p.add(24).cast()), abs);
+        let e = _mm256_and_si256(_mm256_loadu_si256(p.add(32).cast()), abs);
+        let f = _mm256_and_si256(_mm256_loadu_si256(p.add(40).cast()), abs);
+        let g = _mm256_and_si256(_mm256_loadu_si256(p.add(48).cast()), abs);
+        let h = _mm256_and_si256(_mm256_loadu_si256(p.add(56).cast()), abs);
+        let ab = _mm256_max_epu32(_mm256_max_epu32(a, b), _mm256_max_epu32(c, d));
+        let ef = _mm256_max_epu32(_mm256_max_epu32(e, f), _mm256_max_epu32(g, h));
+        _mm256_max_epu32(ab, ef)
+    }
+}
+
+/// The 8 lanes' maximum (as unsigned) of each of 8 vectors, in order: lane `j`
+/// of the result is the largest lane of `v[j]`. Two in-lane halving steps and
+/// one across the 128-bit halves: 21 ops for what 8 separate reductions do in
+/// about 48.
+#[inline(always)]
+unsafe fn max_lanes8(v: [__m256i; 8]) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe {
+        // Within each 128-bit half, a[j] holds v[2j]'s and v[2j + 1]'s pairs:
+        // dwords (v[2j] 0|2, v[2j+1] 0|2, v[2j] 1|3, v[2j+1] 1|3).
+        let a01 = _mm256_max_epu32(
+            _mm256_unpacklo_epi32(v[0], v[1]),
+            _mm256_unpackhi_epi32(v[0], v[1]),
+        );
+        let a23 = _mm256_max_epu32(
+            _mm256_unpacklo_epi32(v[2], v[3]),
+            _mm256_unpackhi_epi32(v[2], v[3]),
+        );
+        let a45 = _mm256_max_epu32(
+            _mm256_unpacklo_epi32(v[4], v[5]),
+            _mm256_unpackhi_epi32(v[4], v[5]),
+        );
+        let a67 = _mm256_max_epu32(
+            _mm256_unpacklo_epi32(v[6], v[7]),
+            _mm256_unpackhi_epi32(v[6], v[7]),
+        );
+        // Dword i of each half: v[i]'s (or v[4 + i]'s) maximum over that half.
+        let b0 = _mm256_max_epu32(
+            _mm256_unpacklo_epi64(a01, a23),
+            _mm256_unpackhi_epi64(a01, a23),
+        );
+        let b4 = _mm256_max_epu32(
+            _mm256_unpacklo_epi64(a45, a67),
+            _mm256_unpackhi_epi64(a45, a67),
+        );
+        // The low halves together, the high halves together: v[0..4], v[4..8].
+        _mm256_max_epu32(
+            _mm256_permute2x128_si256::<0x20>(b0, b4),
+            _mm256_permute2x128_si256::<0x31>(b0, b4),
+        )
     }
 }
 
@@ -1531,6 +1594,92 @@ impl Kernels for Avx2 {
     unsafe fn absmax_bits_ahead(x: &[f32], ahead: &[f32]) -> u32 {
         // SAFETY: AVX2 per the Kernels contract.
         unsafe { absmax_run::<true>(x, ahead) }
+    }
+
+    /// Eight blocks at a time, as the AVX-512 tier does sixteen: each block's
+    /// |x| folded to one vector, the 8 maxima found together ([`max_lanes8`])
+    /// and checked for non-finite values at once, the 8 scales and reciprocals
+    /// divided at once, then each block's codes by `quant32` beside the next
+    /// batch's loads. A batch holding a non-finite value, and the blocks after
+    /// the last whole batch, are left to the caller. The same scales and codes
+    /// as the block-at-a-time loop (IEEE divisions, as the scalar rule's), in
+    /// 0.62x its time on 16 Mi values. Codes are stored cached whatever
+    /// `store` says: streaming whole 32-byte chunks gathered from the blocks'
+    /// codes (a NumPy output's blocks straddle them) measured no faster.
+    #[inline(always)]
+    unsafe fn absmax_blocks64(
+        x: &[f32],
+        rule: AbsmaxRule,
+        codes: &mut [i8],
+        scales: &mut [f32],
+        store: Store,
+    ) -> usize {
+        let _ = store;
+        let batches = (x.len() / 512).min(codes.len() / 512).min(scales.len() / 8);
+        if batches == 0 {
+            return 0;
+        }
+        // SAFETY: AVX2 per the Kernels contract; batch `t` reads
+        // `x[512t..512(t + 1)]` and writes the same range of `codes` and
+        // `scales[8t..8(t + 1)]`, all inside the slices (`batches` bounds them).
+        unsafe {
+            let abs = _mm256_set1_epi32(0x7fff_ffff);
+            let bounds = clip_bytes(rule.clip);
+            let clip = _mm256_set1_ps(rule.clip);
+            let divisor = _mm256_set1_ps(rule.divisor);
+            let zero_scale = _mm256_set1_ps(rule.zero_scale);
+            let finite = _mm256_set1_epi32(F32_INF_BITS as i32 - 1);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (j, v) in v.iter_mut().enumerate() {
+                *v = fold64(x.as_ptr().add(64 * j), abs);
+            }
+            let mut m = max_lanes8(v);
+            for t in 0..batches {
+                // |x| bits are below 2^31, so the signed compare orders them.
+                if _mm256_movemask_epi8(_mm256_cmpgt_epi32(m, finite)) != 0 {
+                    return 8 * t;
+                }
+                // rule.scale: max / divisor where max > 0 (bits > 0), else zero_scale.
+                let zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()));
+                let s = _mm256_blendv_ps(
+                    _mm256_div_ps(_mm256_castsi256_ps(m), divisor),
+                    zero_scale,
+                    zero,
+                );
+                let r = _mm256_div_ps(_mm256_set1_ps(1.0), s);
+                _mm256_storeu_ps(scales.as_mut_ptr().add(8 * t), s);
+                let (mut sv, mut rv) = ([0f32; 8], [0f32; 8]);
+                _mm256_storeu_ps(sv.as_mut_ptr(), s);
+                _mm256_storeu_ps(rv.as_mut_ptr(), r);
+                // Each block's codes (from L1) beside the next batch's block
+                // maxima (from memory), so the loads overlap the arithmetic.
+                let xp = x.as_ptr().add(512 * t);
+                let more = t + 1 < batches;
+                for j in 0..8 {
+                    if more {
+                        v[j] = fold64(xp.add(512 + 64 * j), abs);
+                    }
+                    let (sj, rj) = (sv[j], rv[j]);
+                    let (q0, q1) = if sj > 0.0 {
+                        let fast = sj.is_normal() && rj.is_normal();
+                        let (s8, r8) = (_mm256_set1_ps(sj), _mm256_set1_ps(rj));
+                        (
+                            quant32(xp.add(64 * j), s8, r8, fast, clip, bounds),
+                            quant32(xp.add(64 * j + 32), s8, r8, fast, clip, bounds),
+                        )
+                    } else {
+                        (_mm256_setzero_si256(), _mm256_setzero_si256())
+                    };
+                    let out = codes.as_mut_ptr().add(512 * t + 64 * j);
+                    _mm256_storeu_si256(out.cast(), q0);
+                    _mm256_storeu_si256(out.add(32).cast(), q1);
+                }
+                if more {
+                    m = max_lanes8(v);
+                }
+            }
+            8 * batches
+        }
     }
 
     #[inline(always)]

@@ -66,12 +66,13 @@ fn blockwise_quantize_matches_scalar_on_every_isa() {
     }
 }
 
-/// Blocks of 64 run sixteen at a time on AVX-512: whole batches of blocks of
-/// every kind (all zero, all -0.0, a max whose scale underflows to 0, scales
-/// that are subnormal, a max of f32::MAX whose reciprocal is subnormal, near
-/// ties, ordinary), at every block position of a batch, then a tail of blocks;
-/// a non-finite value at every position of the second batch; f16 and f32
-/// scales. Every tier gives the scalar loop's codes, scales and error.
+/// Blocks of 64 run sixteen at a time on AVX-512 and eight on AVX2: whole
+/// batches of blocks of every kind (all zero, all -0.0, a max whose scale
+/// underflows to 0, scales that are subnormal, a max of f32::MAX, near ties,
+/// ordinary), at every block position of a batch, then a tail of blocks; a
+/// non-finite value at every position of the second AVX-512 batch (AVX2's
+/// third and fourth); f16 and f32 scales. Every tier gives the scalar loop's
+/// codes, scales and error.
 #[test]
 fn batches_of_sixteen_blocks_match_scalar() {
     let kinds = |k: usize, seed: u64| -> Vec<f32> {
@@ -84,7 +85,7 @@ fn batches_of_sixteen_blocks_match_scalar() {
                 b[(seed % 64) as usize] = f32::from_bits(1); // scale 1.4e-45 / 127 == 0
             }
             3 => b.iter_mut().for_each(|v| *v *= 1e-40), // subnormal scale
-            4 => b[(seed % 64) as usize] = f32::MAX,     // reciprocal subnormal
+            4 => b[(seed % 64) as usize] = f32::MAX,     // the largest scale
             5 => {
                 // Exact ties at scale 1 (max 127), and one ulp either side.
                 for (i, v) in b.iter_mut().enumerate() {
@@ -136,6 +137,65 @@ fn batches_of_sixteen_blocks_match_scalar() {
                     matches!(e, Err(QuantError::NonFinite { index, .. }) if index == at),
                     "{isa:?} at {at}: {e:?}"
                 );
+            }
+        }
+    }
+}
+
+/// Blocks of 64 under other rules than §1's (per row and per token reach
+/// the batched loop at 64 columns): a divisor of 1, where a block of max
+/// `f32::MAX` has a subnormal reciprocal (which the batches do not multiply
+/// by), near ties of such blocks, a zero scale other than 1, and a subnormal
+/// divisor whose scales overflow. Every position of a batch, every tier.
+#[test]
+fn batched_blocks_under_other_rules_match_scalar() {
+    let rules = [
+        (1.0f32, 1.0f32, 1.0f32),
+        (7.0, 0.5, 7.0),
+        (127.0, 1.0, 127.0),
+        (3.0e-39, 1.0, 127.0), // a subnormal divisor: scales overflow to inf
+    ];
+    for (divisor, zero_scale, clip) in rules {
+        let rule = simd::AbsmaxRule {
+            divisor,
+            zero_scale,
+            clip,
+        };
+        for at in 0..16 {
+            let mut x = adversarial(64 * 40, 5 + at as u64);
+            for (b, block) in x.chunks_mut(64).enumerate() {
+                match (b + at) % 5 {
+                    0 => {
+                        // Near ties of a block of max f32::MAX: (k + 1/2)·s and a
+                        // few ulps either side (where the reciprocal is subnormal,
+                        // only division codes them right).
+                        if divisor >= 1.0 {
+                            let (c, s) = (clip as i64, f32::MAX / divisor);
+                            for (i, v) in block.iter_mut().enumerate() {
+                                let k = (i as i64 % (2 * c)) - c;
+                                let t = (k as f32 + 0.5) * s;
+                                *v = f32::from_bits(
+                                    (t.to_bits() as i64 + (i as i64 % 5) - 2) as u32,
+                                );
+                            }
+                        }
+                        block[(b * 7) % 64] = f32::MAX;
+                    }
+                    1 => block[(b * 3) % 64] = -f32::MAX * 0.75,
+                    2 => block.fill(0.0),
+                    3 => block.iter_mut().for_each(|v| *v *= 1e-41),
+                    _ => {}
+                }
+            }
+            let run = |isa: Isa| {
+                let mut c = vec![0i8; x.len()];
+                let mut s = vec![0f32; x.len() / 64];
+                let r = simd::absmax_blocks(isa, &x, 64, rule, &mut c, &mut s, Store::Cached);
+                (r, c, s.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            };
+            let want = run(Isa::Scalar);
+            for isa in Isa::supported() {
+                assert!(run(isa) == want, "{isa:?} rule {divisor} at {at}");
             }
         }
     }
