@@ -222,23 +222,23 @@ unsafe fn hmax_epu32(a: __m256i) -> u32 {
     }
 }
 
-/// The 64 values at `p` as one vector of the largest |x| bits of each lane
-/// position (`abs` masks the sign).
+/// The `B` values at `p` (a multiple of 16) as one vector of the largest |x|
+/// bits of each lane position (`abs` masks the sign).
 #[inline(always)]
-unsafe fn fold64(p: *const f32, abs: __m256i) -> __m256i {
-    // SAFETY: the caller guarantees 64 readable floats at `p` and AVX2.
+unsafe fn fold<const B: usize>(p: *const f32, abs: __m256i) -> __m256i {
+    // SAFETY: the caller guarantees `B` readable floats at `p` and AVX2.
+    // (No closure for the loads: closures do not inherit `target_feature`,
+    // and their intrinsics became calls.)
     unsafe {
-        let a = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs);
-        let b = _mm256_and_si256(_mm256_loadu_si256(p.add(8).cast()), abs);
-        let c = _mm256_and_si256(_mm256_loadu_si256(p.add(16).cast()), abs);
-        let d = _mm256_and_si256(_mm256_loadu_si256(p.add(24).cast()), abs);
-        let e = _mm256_and_si256(_mm256_loadu_si256(p.add(32).cast()), abs);
-        let f = _mm256_and_si256(_mm256_loadu_si256(p.add(40).cast()), abs);
-        let g = _mm256_and_si256(_mm256_loadu_si256(p.add(48).cast()), abs);
-        let h = _mm256_and_si256(_mm256_loadu_si256(p.add(56).cast()), abs);
-        let ab = _mm256_max_epu32(_mm256_max_epu32(a, b), _mm256_max_epu32(c, d));
-        let ef = _mm256_max_epu32(_mm256_max_epu32(e, f), _mm256_max_epu32(g, h));
-        _mm256_max_epu32(ab, ef)
+        let mut a = _mm256_and_si256(_mm256_loadu_si256(p.cast()), abs);
+        let mut b = _mm256_and_si256(_mm256_loadu_si256(p.add(8).cast()), abs);
+        for i in (2..B / 8).step_by(2) {
+            let c = _mm256_and_si256(_mm256_loadu_si256(p.add(8 * i).cast()), abs);
+            let d = _mm256_and_si256(_mm256_loadu_si256(p.add(8 * i + 8).cast()), abs);
+            a = _mm256_max_epu32(a, c);
+            b = _mm256_max_epu32(b, d);
+        }
+        _mm256_max_epu32(a, b)
     }
 }
 
@@ -282,6 +282,93 @@ unsafe fn max_lanes8(v: [__m256i; 8]) -> __m256i {
             _mm256_permute2x128_si256::<0x20>(b0, b4),
             _mm256_permute2x128_si256::<0x31>(b0, b4),
         )
+    }
+}
+
+/// Blocks of `B` values (32, 64 or 128) eight at a time, as the AVX-512 tier
+/// does sixteen: each block's |x| folded to one vector, the 8 maxima found
+/// together ([`max_lanes8`]) and checked for non-finite values at once, the 8
+/// scales and reciprocals divided at once, then each block's codes by
+/// `quant32` beside the next batch's loads. Returns the blocks done: a batch
+/// holding a non-finite value, and the blocks after the last whole batch, are
+/// left to the caller. The same scales and codes as the block-at-a-time loop
+/// (IEEE divisions, as the scalar rule's). Codes are stored cached: streaming
+/// whole 32-byte chunks gathered from blocks that straddle them (as a NumPy
+/// output's do) measured no faster.
+///
+/// # Safety
+/// AVX2; `B` is 32, 64 or 128.
+#[inline(always)]
+unsafe fn blocks_batched<const B: usize>(
+    x: &[f32],
+    rule: AbsmaxRule,
+    codes: &mut [i8],
+    scales: &mut [f32],
+) -> usize {
+    let batches = (x.len() / (8 * B))
+        .min(codes.len() / (8 * B))
+        .min(scales.len() / 8);
+    if batches == 0 {
+        return 0;
+    }
+    // SAFETY: AVX2 per the caller; batch `t` reads `x[8Bt..8B(t + 1)]` and
+    // writes the same range of `codes` and `scales[8t..8(t + 1)]`, all inside
+    // the slices (`batches` bounds them).
+    unsafe {
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let bounds = clip_bytes(rule.clip);
+        let clip = _mm256_set1_ps(rule.clip);
+        let divisor = _mm256_set1_ps(rule.divisor);
+        let zero_scale = _mm256_set1_ps(rule.zero_scale);
+        let finite = _mm256_set1_epi32(F32_INF_BITS as i32 - 1);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (j, v) in v.iter_mut().enumerate() {
+            *v = fold::<B>(x.as_ptr().add(B * j), abs);
+        }
+        let mut m = max_lanes8(v);
+        for t in 0..batches {
+            // |x| bits are below 2^31, so the signed compare orders them.
+            if _mm256_movemask_epi8(_mm256_cmpgt_epi32(m, finite)) != 0 {
+                return 8 * t;
+            }
+            // rule.scale: max / divisor where max > 0 (bits > 0), else zero_scale.
+            let zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()));
+            let s = _mm256_blendv_ps(
+                _mm256_div_ps(_mm256_castsi256_ps(m), divisor),
+                zero_scale,
+                zero,
+            );
+            let r = _mm256_div_ps(_mm256_set1_ps(1.0), s);
+            _mm256_storeu_ps(scales.as_mut_ptr().add(8 * t), s);
+            let (mut sv, mut rv) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(sv.as_mut_ptr(), s);
+            _mm256_storeu_ps(rv.as_mut_ptr(), r);
+            // Each block's codes (from L1) beside the next batch's block
+            // maxima (from memory), so the loads overlap the arithmetic.
+            let xp = x.as_ptr().add(8 * B * t);
+            let more = t + 1 < batches;
+            for j in 0..8 {
+                if more {
+                    v[j] = fold::<B>(xp.add(8 * B + B * j), abs);
+                }
+                let (sj, rj) = (sv[j], rv[j]);
+                let (s8, r8) = (_mm256_set1_ps(sj), _mm256_set1_ps(rj));
+                let fast = sj.is_normal() && rj.is_normal();
+                for h in 0..B / 32 {
+                    let q = if sj > 0.0 {
+                        quant32(xp.add(B * j + 32 * h), s8, r8, fast, clip, bounds)
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    let out = codes.as_mut_ptr().add(8 * B * t + B * j + 32 * h);
+                    _mm256_storeu_si256(out.cast(), q);
+                }
+            }
+            if more {
+                m = max_lanes8(v);
+            }
+        }
+        8 * batches
     }
 }
 
@@ -1596,89 +1683,26 @@ impl Kernels for Avx2 {
         unsafe { absmax_run::<true>(x, ahead) }
     }
 
-    /// Eight blocks at a time, as the AVX-512 tier does sixteen: each block's
-    /// |x| folded to one vector, the 8 maxima found together ([`max_lanes8`])
-    /// and checked for non-finite values at once, the 8 scales and reciprocals
-    /// divided at once, then each block's codes by `quant32` beside the next
-    /// batch's loads. A batch holding a non-finite value, and the blocks after
-    /// the last whole batch, are left to the caller. The same scales and codes
-    /// as the block-at-a-time loop (IEEE divisions, as the scalar rule's), in
-    /// 0.62x its time on 16 Mi values. Codes are stored cached whatever
-    /// `store` says: streaming whole 32-byte chunks gathered from the blocks'
-    /// codes (a NumPy output's blocks straddle them) measured no faster.
+    /// Blocks of 32, 64 or 128 (others: none done), in batches of eight (see
+    /// [`blocks_batched`]).
     #[inline(always)]
-    unsafe fn absmax_blocks64(
+    unsafe fn absmax_blocks_batched(
         x: &[f32],
+        block: usize,
         rule: AbsmaxRule,
         codes: &mut [i8],
         scales: &mut [f32],
         store: Store,
     ) -> usize {
         let _ = store;
-        let batches = (x.len() / 512).min(codes.len() / 512).min(scales.len() / 8);
-        if batches == 0 {
-            return 0;
-        }
-        // SAFETY: AVX2 per the Kernels contract; batch `t` reads
-        // `x[512t..512(t + 1)]` and writes the same range of `codes` and
-        // `scales[8t..8(t + 1)]`, all inside the slices (`batches` bounds them).
+        // SAFETY: forwarded from this function's contract.
         unsafe {
-            let abs = _mm256_set1_epi32(0x7fff_ffff);
-            let bounds = clip_bytes(rule.clip);
-            let clip = _mm256_set1_ps(rule.clip);
-            let divisor = _mm256_set1_ps(rule.divisor);
-            let zero_scale = _mm256_set1_ps(rule.zero_scale);
-            let finite = _mm256_set1_epi32(F32_INF_BITS as i32 - 1);
-            let mut v = [_mm256_setzero_si256(); 8];
-            for (j, v) in v.iter_mut().enumerate() {
-                *v = fold64(x.as_ptr().add(64 * j), abs);
+            match block {
+                32 => blocks_batched::<32>(x, rule, codes, scales),
+                64 => blocks_batched::<64>(x, rule, codes, scales),
+                128 => blocks_batched::<128>(x, rule, codes, scales),
+                _ => 0,
             }
-            let mut m = max_lanes8(v);
-            for t in 0..batches {
-                // |x| bits are below 2^31, so the signed compare orders them.
-                if _mm256_movemask_epi8(_mm256_cmpgt_epi32(m, finite)) != 0 {
-                    return 8 * t;
-                }
-                // rule.scale: max / divisor where max > 0 (bits > 0), else zero_scale.
-                let zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()));
-                let s = _mm256_blendv_ps(
-                    _mm256_div_ps(_mm256_castsi256_ps(m), divisor),
-                    zero_scale,
-                    zero,
-                );
-                let r = _mm256_div_ps(_mm256_set1_ps(1.0), s);
-                _mm256_storeu_ps(scales.as_mut_ptr().add(8 * t), s);
-                let (mut sv, mut rv) = ([0f32; 8], [0f32; 8]);
-                _mm256_storeu_ps(sv.as_mut_ptr(), s);
-                _mm256_storeu_ps(rv.as_mut_ptr(), r);
-                // Each block's codes (from L1) beside the next batch's block
-                // maxima (from memory), so the loads overlap the arithmetic.
-                let xp = x.as_ptr().add(512 * t);
-                let more = t + 1 < batches;
-                for j in 0..8 {
-                    if more {
-                        v[j] = fold64(xp.add(512 + 64 * j), abs);
-                    }
-                    let (sj, rj) = (sv[j], rv[j]);
-                    let (q0, q1) = if sj > 0.0 {
-                        let fast = sj.is_normal() && rj.is_normal();
-                        let (s8, r8) = (_mm256_set1_ps(sj), _mm256_set1_ps(rj));
-                        (
-                            quant32(xp.add(64 * j), s8, r8, fast, clip, bounds),
-                            quant32(xp.add(64 * j + 32), s8, r8, fast, clip, bounds),
-                        )
-                    } else {
-                        (_mm256_setzero_si256(), _mm256_setzero_si256())
-                    };
-                    let out = codes.as_mut_ptr().add(512 * t + 64 * j);
-                    _mm256_storeu_si256(out.cast(), q0);
-                    _mm256_storeu_si256(out.add(32).cast(), q1);
-                }
-                if more {
-                    m = max_lanes8(v);
-                }
-            }
-            8 * batches
         }
     }
 

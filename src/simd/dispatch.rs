@@ -126,16 +126,16 @@ unsafe fn absmax_blocks_with<K: Kernels>(
     scales: &mut [f32],
     store: Store,
 ) -> Result<(), usize> {
-    // Blocks of 64: a tier may do (most of) them in batches.
-    let done = if block == 64 {
-        let whole = (x.len() / 64).min(codes.len() / 64).min(scales.len());
+    // Blocks of 32, 64 or 128: a tier may do (most of) them in batches.
+    let done = if matches!(block, 32 | 64 | 128) {
+        let whole = (x.len() / block).min(codes.len() / block).min(scales.len());
         let (xw, cw, sw) = (
-            &x[..64 * whole],
-            &mut codes[..64 * whole],
+            &x[..block * whole],
+            &mut codes[..block * whole],
             &mut scales[..whole],
         );
         // SAFETY: forwarded from this function's contract (caller has K's features).
-        unsafe { K::absmax_blocks64(xw, rule, cw, sw, store) }.min(whole)
+        unsafe { K::absmax_blocks_batched(xw, block, rule, cw, sw, store) }.min(whole)
     } else {
         0
     };

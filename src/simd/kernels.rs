@@ -389,23 +389,25 @@ pub(crate) trait Kernels {
     /// follows: element `i` goes to lane `i % 16` (each `d = x - k` rounded,
     /// `d * d` rounded, then added), and the 16 lanes are added in lane order.
     unsafe fn shifted_moments(x: &[f32], k: f64) -> (f64, f64);
-    /// Blocks of 64 values, the start of [`absmax_blocks`](super::absmax_blocks)'s
-    /// loop: for each block of `x` (`x.len() / 64` whole blocks, `codes` and
-    /// `scales` as long), `scales[b] = rule.scale(max |x|)`, then codes as
+    /// Blocks of `block` values (32, 64 or 128), the start of
+    /// [`absmax_blocks`](super::absmax_blocks)'s loop: for each block of `x`
+    /// (`x.len() / block` whole blocks, `codes` as long, `scales` one a
+    /// block), `scales[b] = rule.scale(max |x|)`, then codes as
     /// `quantize_scaled` (or zeros for a zero scale). With
     /// [`Store::Streaming`] a tier may stream whole lines of codes, left
     /// unfenced (the caller fences). Returns how many blocks it did, from the
-    /// first: a tier may do none (this default), leave a tail, or stop before
-    /// a block holding a non-finite value; the caller does the rest the
-    /// general way.
-    unsafe fn absmax_blocks64(
+    /// first: a tier may do none (this default, and every tier for other
+    /// block sizes), leave a tail, or stop before a block holding a
+    /// non-finite value; the caller does the rest the general way.
+    unsafe fn absmax_blocks_batched(
         x: &[f32],
+        block: usize,
         rule: AbsmaxRule,
         codes: &mut [i8],
         scales: &mut [f32],
         store: Store,
     ) -> usize {
-        let _ = (x, rule, codes, scales, store);
+        let _ = (x, block, rule, codes, scales, store);
         0
     }
     /// `acc[j] = max(acc[j], bits(row[j]) & 0x7fff_ffff)` over `min(len)`:

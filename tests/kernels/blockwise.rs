@@ -66,30 +66,31 @@ fn blockwise_quantize_matches_scalar_on_every_isa() {
     }
 }
 
-/// Blocks of 64 run sixteen at a time on AVX-512 and eight on AVX2: whole
-/// batches of blocks of every kind (all zero, all -0.0, a max whose scale
-/// underflows to 0, scales that are subnormal, a max of f32::MAX, near ties,
-/// ordinary), at every block position of a batch, then a tail of blocks; a
-/// non-finite value at every position of the second AVX-512 batch (AVX2's
-/// third and fourth); f16 and f32 scales. Every tier gives the scalar loop's
-/// codes, scales and error.
+/// Blocks of 64 run sixteen at a time on AVX-512, blocks of 32, 64 and 128
+/// eight at a time on AVX2 (and 32 so on AVX-512): whole batches of blocks of
+/// every kind (all zero, all -0.0, a max whose scale underflows to 0, scales
+/// that are subnormal, a max of f32::MAX, near ties, ordinary), at every
+/// block position of a batch, then a tail of blocks; a non-finite value at
+/// every place in a stretch of batches; f16 and f32 scales. Every tier gives
+/// the scalar loop's codes, scales and error.
 #[test]
-fn batches_of_sixteen_blocks_match_scalar() {
-    let kinds = |k: usize, seed: u64| -> Vec<f32> {
-        let mut b = adversarial(64, seed);
+fn batches_of_blocks_match_scalar() {
+    let kinds = |bs: usize, k: usize, seed: u64| -> Vec<f32> {
+        let mut b = adversarial(bs, seed);
+        let at = (seed % bs as u64) as usize;
         match k % 8 {
             0 => b.fill(0.0),
             1 => b.fill(-0.0),
             2 => {
                 b.fill(0.0);
-                b[(seed % 64) as usize] = f32::from_bits(1); // scale 1.4e-45 / 127 == 0
+                b[at] = f32::from_bits(1); // scale 1.4e-45 / 127 == 0
             }
             3 => b.iter_mut().for_each(|v| *v *= 1e-40), // subnormal scale
-            4 => b[(seed % 64) as usize] = f32::MAX,     // the largest scale
+            4 => b[at] = f32::MAX,                       // the largest scale
             5 => {
                 // Exact ties at scale 1 (max 127), and one ulp either side.
                 for (i, v) in b.iter_mut().enumerate() {
-                    let t = (i as f32 - 32.0) + 0.5;
+                    let t = ((i % 64) as f32 - 32.0) + 0.5;
                     *v = f32::from_bits((t.to_bits() as i64 + (i % 3) as i64 - 1) as u32);
                 }
                 b[0] = 127.0;
@@ -98,52 +99,59 @@ fn batches_of_sixteen_blocks_match_scalar() {
         }
         b
     };
-    for isa in Isa::supported() {
-        for rot in 0..8 {
-            // 3 batches and 5 blocks: block j's kind is (j + rot) % 8.
-            let x: Vec<f32> = (0..16 * 3 + 5)
-                .flat_map(|j| kinds(j + rot, (j * 31 + rot) as u64))
-                .collect();
-            // f16 scales: the f32::MAX block overflows float16, an error on every tier.
-            let f16_run = |isa: Isa| {
-                let mut c = vec![0i8; x.len()];
-                let mut s = vec![f16::ZERO; x.len() / 64];
-                let r = quantize_blockwise_with(isa, &x, 64, &mut c, ScalesMut::F16(&mut s));
-                (r.is_ok().then_some((c, s)), format!("{r:?}"))
-            };
-            assert_eq!(f16_run(isa), f16_run(Isa::Scalar), "{isa:?} rot {rot}");
-            let mut c = vec![0i8; x.len()];
-            let mut s = vec![0f32; x.len() / 64];
-            quantize_blockwise_with(isa, &x, 64, &mut c, ScalesMut::F32(&mut s)).unwrap();
-            let mut c0 = vec![0i8; x.len()];
-            let mut s0 = vec![0f32; x.len() / 64];
-            quantize_blockwise_with(Isa::Scalar, &x, 64, &mut c0, ScalesMut::F32(&mut s0)).unwrap();
-            assert_eq!(
-                (c, s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()),
-                (c0, s0.iter().map(|v| v.to_bits()).collect::<Vec<_>>()),
-                "f32 {isa:?} {rot}"
-            );
-        }
-        let x = adversarial(64 * 40, 11);
-        for at in (1024..2048).step_by(61).chain([1024, 2047]) {
-            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-                let mut y = x.clone();
-                y[at] = bad;
-                y[at + 300] = f32::NAN; // a later one, in the same or the next batch
-                let mut c = vec![0i8; y.len()];
-                let mut s = vec![f16::ZERO; y.len() / 64];
-                let e = quantize_blockwise_with(isa, &y, 64, &mut c, ScalesMut::F16(&mut s));
-                assert!(
-                    matches!(e, Err(QuantError::NonFinite { index, .. }) if index == at),
-                    "{isa:?} at {at}: {e:?}"
+    for bs in [32usize, 64, 128] {
+        for isa in Isa::supported() {
+            for rot in 0..8 {
+                // 3 batches of 16 and 5 blocks: block j's kind is (j + rot) % 8.
+                let x: Vec<f32> = (0..16 * 3 + 5)
+                    .flat_map(|j| kinds(bs, j + rot, (j * 31 + rot) as u64))
+                    .collect();
+                // f16 scales: the f32::MAX block overflows float16, an error on every tier.
+                let f16_run = |isa: Isa| {
+                    let mut c = vec![0i8; x.len()];
+                    let mut s = vec![f16::ZERO; x.len() / bs];
+                    let r = quantize_blockwise_with(isa, &x, bs, &mut c, ScalesMut::F16(&mut s));
+                    (r.is_ok().then_some((c, s)), format!("{r:?}"))
+                };
+                assert_eq!(
+                    f16_run(isa),
+                    f16_run(Isa::Scalar),
+                    "{isa:?} bs {bs} rot {rot}"
                 );
+                let f32_run = |isa: Isa| {
+                    let mut c = vec![0i8; x.len()];
+                    let mut s = vec![0f32; x.len() / bs];
+                    quantize_blockwise_with(isa, &x, bs, &mut c, ScalesMut::F32(&mut s)).unwrap();
+                    (c, s.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+                };
+                assert_eq!(
+                    f32_run(isa),
+                    f32_run(Isa::Scalar),
+                    "f32 {isa:?} bs {bs} {rot}"
+                );
+            }
+            let x = adversarial(bs * 40 + 512, 11);
+            let (from, to) = (16 * bs, 32 * bs);
+            for at in (from..to).step_by(61).chain([from, to - 1]) {
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut y = x.clone();
+                    y[at] = bad;
+                    y[at + 300] = f32::NAN; // a later one, in the same or a later batch
+                    let mut c = vec![0i8; y.len()];
+                    let mut s = vec![f16::ZERO; y.len() / bs];
+                    let e = quantize_blockwise_with(isa, &y, bs, &mut c, ScalesMut::F16(&mut s));
+                    assert!(
+                        matches!(e, Err(QuantError::NonFinite { index, .. }) if index == at),
+                        "{isa:?} bs {bs} at {at}: {e:?}"
+                    );
+                }
             }
         }
     }
 }
 
-/// Blocks of 64 under other rules than §1's (per row and per token reach
-/// the batched loop at 64 columns): a divisor of 1, where a block of max
+/// Batched blocks (32, 64, 128) under other rules than §1's (per row and
+/// per token reach the batched loop at those column counts): a divisor of 1, where a block of max
 /// `f32::MAX` has a subnormal reciprocal (which the batches do not multiply
 /// by), near ties of such blocks, a zero scale other than 1, and a subnormal
 /// divisor whose scales overflow. Every position of a batch, every tier.
@@ -155,15 +163,17 @@ fn batched_blocks_under_other_rules_match_scalar() {
         (127.0, 1.0, 127.0),
         (3.0e-39, 1.0, 127.0), // a subnormal divisor: scales overflow to inf
     ];
-    for (divisor, zero_scale, clip) in rules {
+    for ((divisor, zero_scale, clip), bs) in
+        rules.into_iter().flat_map(|r| [(r, 32), (r, 64), (r, 128)])
+    {
         let rule = simd::AbsmaxRule {
             divisor,
             zero_scale,
             clip,
         };
         for at in 0..16 {
-            let mut x = adversarial(64 * 40, 5 + at as u64);
-            for (b, block) in x.chunks_mut(64).enumerate() {
+            let mut x = adversarial(bs * 40, 5 + at as u64);
+            for (b, block) in x.chunks_mut(bs).enumerate() {
                 match (b + at) % 5 {
                     0 => {
                         // Near ties of a block of max f32::MAX: (k + 1/2)·s and a
@@ -179,9 +189,9 @@ fn batched_blocks_under_other_rules_match_scalar() {
                                 );
                             }
                         }
-                        block[(b * 7) % 64] = f32::MAX;
+                        block[(b * 7) % bs] = f32::MAX;
                     }
-                    1 => block[(b * 3) % 64] = -f32::MAX * 0.75,
+                    1 => block[(b * 3) % bs] = -f32::MAX * 0.75,
                     2 => block.fill(0.0),
                     3 => block.iter_mut().for_each(|v| *v *= 1e-41),
                     _ => {}
@@ -189,13 +199,13 @@ fn batched_blocks_under_other_rules_match_scalar() {
             }
             let run = |isa: Isa| {
                 let mut c = vec![0i8; x.len()];
-                let mut s = vec![0f32; x.len() / 64];
-                let r = simd::absmax_blocks(isa, &x, 64, rule, &mut c, &mut s, Store::Cached);
+                let mut s = vec![0f32; x.len() / bs];
+                let r = simd::absmax_blocks(isa, &x, bs, rule, &mut c, &mut s, Store::Cached);
                 (r, c, s.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
             };
             let want = run(Isa::Scalar);
             for isa in Isa::supported() {
-                assert!(run(isa) == want, "{isa:?} rule {divisor} at {at}");
+                assert!(run(isa) == want, "{isa:?} bs {bs} rule {divisor} at {at}");
             }
         }
     }
