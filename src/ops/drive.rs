@@ -89,8 +89,8 @@ pub(crate) fn split_quantize<T: Float, S: ScaleStore>(
         bs,
         rule,
         // Long groups (rows, tokens) of a large output stream their codes, and
-        // so do blocks of 64 and 128, which a tier may code in batches whose
-        // codes it streams as whole lines (a block alone is two lines at most).
+        // so do blocks of 64, which a tier may code in batches whose codes it
+        // streams as whole lines (a block alone is a line at most).
         store: Store::for_run(
             x.len(),
             if bs == 64 {
