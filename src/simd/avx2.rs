@@ -252,30 +252,19 @@ unsafe fn max_lanes8(v: [__m256i; 8]) -> __m256i {
     unsafe {
         // Within each 128-bit half, a[j] holds v[2j]'s and v[2j + 1]'s pairs:
         // dwords (v[2j] 0|2, v[2j+1] 0|2, v[2j] 1|3, v[2j+1] 1|3).
-        let a01 = _mm256_max_epu32(
-            _mm256_unpacklo_epi32(v[0], v[1]),
-            _mm256_unpackhi_epi32(v[0], v[1]),
-        );
-        let a23 = _mm256_max_epu32(
-            _mm256_unpacklo_epi32(v[2], v[3]),
-            _mm256_unpackhi_epi32(v[2], v[3]),
-        );
-        let a45 = _mm256_max_epu32(
-            _mm256_unpacklo_epi32(v[4], v[5]),
-            _mm256_unpackhi_epi32(v[4], v[5]),
-        );
-        let a67 = _mm256_max_epu32(
-            _mm256_unpacklo_epi32(v[6], v[7]),
-            _mm256_unpackhi_epi32(v[6], v[7]),
-        );
+        let mut a = [_mm256_setzero_si256(); 4];
+        for (j, a) in a.iter_mut().enumerate() {
+            let (p, q) = (v[2 * j], v[2 * j + 1]);
+            *a = _mm256_max_epu32(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q));
+        }
         // Dword i of each half: v[i]'s (or v[4 + i]'s) maximum over that half.
         let b0 = _mm256_max_epu32(
-            _mm256_unpacklo_epi64(a01, a23),
-            _mm256_unpackhi_epi64(a01, a23),
+            _mm256_unpacklo_epi64(a[0], a[1]),
+            _mm256_unpackhi_epi64(a[0], a[1]),
         );
         let b4 = _mm256_max_epu32(
-            _mm256_unpacklo_epi64(a45, a67),
-            _mm256_unpackhi_epi64(a45, a67),
+            _mm256_unpacklo_epi64(a[2], a[3]),
+            _mm256_unpackhi_epi64(a[2], a[3]),
         );
         // The low halves together, the high halves together: v[0..4], v[4..8].
         _mm256_max_epu32(
