@@ -603,7 +603,7 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
                     file=sys.stderr,
                 )
             floating = arr.dtype.kind == "f" or "float" in arr.dtype.name
-            if arr.ndim >= 2 and floating and not is_float_dtype(arr.dtype):
+            if arr.ndim >= 2 and floating and not is_float_dtype(arr.dtype) and arr.size:
                 print(
                     f"ferroquant: warning: {_shown(name)}: copied, not quantized: the kernels "
                     f"read float32, float64, float16 and bfloat16, not {arr.dtype}",

@@ -87,6 +87,16 @@ unsafe fn quant8(v: __m256, s: __m256, clip: __m256) -> __m256i {
     }
 }
 
+/// `clip` as the lanes [`quant8`] clamps to: at most 256, so a clamped code
+/// converts exactly and then saturates to 127 or -128 as `as i8` does (a
+/// clip of 2^31 or more let codes convert to i32::MIN, so -128 where the
+/// scalar rule gives 127).
+#[inline(always)]
+unsafe fn clip_lanes(clip: f32) -> __m256 {
+    // SAFETY: the caller runs with AVX2 (the Kernels contract).
+    unsafe { _mm256_set1_ps(clip.min(256.0)) }
+}
+
 /// Near a rounding boundary `|y - rne(y)|` exceeds `0.5 - NEAR_TIE`: see
 /// [`quant8_fast`] (the bound of `avx512::round16_fast`).
 const NEAR_TIE: f32 = 1.0 / 8192.0;
@@ -306,7 +316,7 @@ unsafe fn blocks_batched<const B: usize>(
     unsafe {
         let abs = _mm256_set1_epi32(0x7fff_ffff);
         let bounds = clip_bytes(rule.clip);
-        let clip = _mm256_set1_ps(rule.clip);
+        let clip = clip_lanes(rule.clip);
         let divisor = _mm256_set1_ps(rule.divisor);
         let zero_scale = _mm256_set1_ps(rule.zero_scale);
         let finite = _mm256_set1_epi32(F32_INF_BITS as i32 - 1);
@@ -412,7 +422,7 @@ impl ScaledLanes {
                 s: _mm256_set1_ps(scale),
                 r: _mm256_set1_ps(recip),
                 fast: scale.is_normal() && recip.is_normal(),
-                clip: _mm256_set1_ps(clip),
+                clip: clip_lanes(clip),
                 bounds: clip_bytes(clip),
             }
         }
@@ -576,7 +586,7 @@ unsafe fn quantize_scaled_short(x: &[f32], scale: f32, clip: f32, out: &mut [i8]
     // stores write the 8 bytes of the matching output chunk.
     unsafe {
         let s = _mm256_set1_ps(scale);
-        let clip = _mm256_set1_ps(clip);
+        let clip = clip_lanes(clip);
         for (c, o) in (&mut xc).zip(&mut oc) {
             let q = quant8(_mm256_loadu_ps(c.as_ptr()), s, clip);
             // i32 -> i16 -> i8 with saturation (values are already in range);

@@ -25,7 +25,10 @@ pub struct AbsmaxRule {
     pub divisor: f32,
     /// The scale of an all-zero group.
     pub zero_scale: f32,
-    /// Codes are clamped to `[-clip, clip]`.
+    /// Codes are clamped to `[-clip, clip]`, then saturated to i8. Not
+    /// negative and not NaN (every scheme's is 1 to 127): the scalar rule
+    /// panics on such a clip, as `f32::clamp` does, and the SIMD tiers give
+    /// unspecified codes.
     pub clip: f32,
 }
 

@@ -153,8 +153,10 @@ fn batches_of_blocks_match_scalar() {
 /// Batched blocks (32, 64, 128) under other rules than §1's (per row and
 /// per token reach the batched loop at those column counts): a divisor of 1, where a block of max
 /// `f32::MAX` has a subnormal reciprocal (which the batches do not multiply
-/// by), near ties of such blocks, a zero scale other than 1, and a subnormal
-/// divisor whose scales overflow. Every position of a batch, every tier.
+/// by), near ties of such blocks, a zero scale other than 1, a subnormal
+/// divisor whose scales overflow, and a clip past i32's range (codes
+/// saturate to 127 and -128 as `as i8` does). Every position of a batch,
+/// every tier.
 #[test]
 fn batched_blocks_under_other_rules_match_scalar() {
     let rules = [
@@ -162,6 +164,7 @@ fn batched_blocks_under_other_rules_match_scalar() {
         (7.0, 0.5, 7.0),
         (127.0, 1.0, 127.0),
         (3.0e-39, 1.0, 127.0), // a subnormal divisor: scales overflow to inf
+        (1.0e30, 1.0, 1.0e10), // codes far past i32, clamped to a clip past it
     ];
     for ((divisor, zero_scale, clip), bs) in
         rules.into_iter().flat_map(|r| [(r, 32), (r, 64), (r, 128)])
