@@ -1517,6 +1517,34 @@ def test_results_cannot_be_made_writable_and_unpickling_copies_caller_buffers():
             assert loaded == q
 
 
+def test_unpickling_checks_the_fields_as_the_constructor_does():
+    # A pickle is bytes from elsewhere: a corrupt one must not build a value that
+    # dequantizes to garbage, or that saves a file `load` refuses.
+    import pickle
+
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    nan = np.array([np.nan], np.float32)
+    cases = [
+        (fq.quantize_activations(x), {"scales": np.ones(1, np.float32)}, fq.ShapeMismatchError),
+        (fq.quantize(x), {"scales": nan.astype(np.float64)}, fq.InvalidConfigError),
+        (fq.quantize_blockwise(x), {"block_size": -1}, fq.InvalidConfigError),
+        (fq.dynamic_quantize_int8(x), {"data": np.zeros(3, np.int8)}, fq.ShapeMismatchError),
+        (fq.dynamic_quantize_int8(x), {"scales": [1.0]}, TypeError),
+        (fq.QuantizedWeights.from_f32("w", x), {"data": np.full(64, -128, np.int16)}, TypeError),
+    ]
+    for q, corrupt, error in cases:
+        func, (cls, fields) = q.__reduce__()
+
+        class Corrupt:
+            def __reduce__(self, func=func, cls=cls, fields=fields, corrupt=corrupt):
+                return (func, (cls, dict(fields, **corrupt)))
+
+        blob = pickle.dumps(Corrupt())
+        with pytest.raises(error):
+            pickle.loads(blob)
+        assert pickle.loads(pickle.dumps(q)) == q  # an intact pickle still loads
+
+
 def test_an_interrupted_write_leaves_no_file_and_no_descriptor(tmp_path):
     def interrupted(tmp):
         with open(tmp, "wb") as f:

@@ -143,14 +143,17 @@ def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
     buffers passed out of band (protocol 5) are the caller's memory; and an array
     pickle or ``copy.deepcopy`` made from its own bytes may also be reachable
     elsewhere in what was loaded (``deepcopy((q.data, q))`` hands the caller the
-    very array the copy of ``q`` holds), whose owner could make it writable again."""
+    very array the copy of ``q`` holds), whose owner could make it writable again.
+    The constructor then checks the fields as it checks a caller's: a pickle is bytes
+    from elsewhere, and a value built from a corrupt one without the checks would
+    dequantize to garbage and save a file that ``load`` refuses."""
     fields = dict(fields)
     for name in cls._arrays:
-        arr = fields[name]
-        if arr is not None:
+        arr = fields.get(name)
+        if isinstance(arr, np.ndarray):
             out = kernel_layout(arr)  # native order, aligned, C order: a copy, or ``arr``
             fields[name] = owned(np.array(out, subok=False) if out is arr else out)
-    return cls._trusted(**fields)
+    return cls(**fields)
 
 
 def ratio_text(ratio: float, digits: int) -> str:
