@@ -689,6 +689,37 @@ def test_a_callers_rounding_mode_changes_nothing():
     assert r.stdout.strip() == "ok"
 
 
+@pytest.mark.parametrize("mode", [0x400, 0x800, 0xC00], ids=["down", "up", "toward-zero"])
+def test_values_made_at_the_largest_scale_load_under_any_rounding_mode(mode):
+    # The kernels round scales to nearest whatever the caller's mode; the checks of
+    # a value's largest scale (the source's largest value / the divisor) must too,
+    # or ferroquant's own output fails to load (first checked here under `mode`).
+    r = run_python(
+        f"""
+        import ctypes, ml_dtypes, numpy as np, ferroquant as fq
+        libm = ctypes.CDLL("libm.so.6")
+        blobs = []
+        for dt in (np.float32, np.float16, ml_dtypes.bfloat16):
+            x = np.array([[float(ml_dtypes.finfo(dt).max), 1.0]] * 2, dt)
+            scale_dtypes = (np.float16, np.float32) if dt is np.float16 else (np.float32,)
+            values = [fq.quantize_blockwise(x, 2, s) for s in scale_dtypes]
+            values += [fq.dynamic_quantize_int8(x), fq.dynamic_quantize_int8_per_row(x),
+                       fq.dynamic_quantize_int4(x)]
+            values += [fq.quantize_activations(x, fq.BitNetConfig(b)) for b in (2, 5, 8)]
+            blobs += [(type(q), q.to_bytes(), q) for q in values]
+        assert libm.fesetround({mode}) == 0
+        try:
+            loaded = [(cls.from_bytes(b), q) for cls, b, q in blobs]
+        finally:
+            libm.fesetround(0)
+        assert all(a == b for a, b in loaded)
+        print(len(loaded))
+        """
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "22"
+
+
 @pytest.mark.parametrize(
     "dtype",
     [{"names": ["a"], "formats": ["f4"], "itemsize": 10**30}, "f4," * 1000, ">f4", "e", "half"],

@@ -13,13 +13,16 @@ results skip that through :meth:`Quantized._trusted`, so small calls stay cheap.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from fractions import Fraction
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
 import ml_dtypes
 import numpy as np
 
+from . import _ferroquant as _native
 from . import _format
-from ._checks import FLOAT_DTYPES, kernel_layout, owned
+from ._checks import FLOAT_DTYPES, _nearest_f32, kernel_layout, owned
 from .errors import FormatError, InvalidConfigError
 
 Q = TypeVar("Q", bound="Quantized")
@@ -104,6 +107,21 @@ SOURCE_MAX = {
 }
 
 
+@functools.cache
+def _largest_scale(dtype: str, divisor: int, scale_dtype: str) -> Any:
+    """``SOURCE_MAX[dtype] / divisor`` rounded as the kernels round a scale, to the
+    nearest float32 (and float16 scales from that to the nearest float16: past
+    float16's range, every finite float16 scale is in reach), whatever rounding
+    mode the caller has set: NumPy's division and casts follow it, so under
+    ``FE_DOWNWARD`` a scale the kernels made for float32's largest value was refused."""
+    exact = Fraction(float(SOURCE_MAX[dtype])) / divisor
+    largest = np.array([_nearest_f32(exact)], np.float32)  # exact: a float32 value
+    if np.dtype(scale_dtype) == np.float16:
+        bits = _native.fp32_to_fp16_bits(largest)  # rounds natively, to nearest
+        return bits.view(np.float16)[0]
+    return largest.astype(np.dtype(scale_dtype))[0]
+
+
 def check_scales(scales: np.ndarray, divisor: int, where: str = "", dtype: str = "float32") -> None:
     """InvalidConfigError naming the first scale that is NaN, infinite or negative
     (-0.0 included), or larger than any scale ``max|x| / divisor`` (in float32, as the
@@ -119,10 +137,7 @@ def check_scales(scales: np.ndarray, divisor: int, where: str = "", dtype: str =
             f"scales must be finite and >= 0, got {scales[bad]} at {where}{bad}"
         )
     top = SOURCE_MAX[dtype]
-    # Rounded as the scales are (float16 scales round the float32 one to nearest;
-    # past float16's range, every finite float16 scale is in reach).
-    with np.errstate(over="ignore"):
-        largest = (top / np.float32(divisor)).astype(scales.dtype)
+    largest = _largest_scale(dtype, divisor, scales.dtype.str)
     bad = first_true(scales > largest)
     if bad is not None:
         raise InvalidConfigError(
