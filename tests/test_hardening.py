@@ -1965,6 +1965,8 @@ _W8 = np.ones((2, 3), np.int8)
         ("x", lambda: fq.QuantizedLinear.from_linear(np.ones((2, 3), np.float32)).forward(_X64)),
         ("bias", lambda: fq.QuantizedLinear.from_linear(np.ones((3, 2)), _X64)),
         ("batches[1]", lambda: fq.CalibStats.collect([np.ones(2), _X64])),
+        ("w", lambda: fq.Calibrator().record_layer("l", _X64)),
+        ("original", lambda: fq.quantization_mae(_X64, fq.dynamic_quantize_int8(np.ones(3)))),
     ],
 )
 def test_a_float64_past_float32_is_named_as_such_not_as_nan_or_inf(arg, call):

@@ -323,9 +323,13 @@ def quantization_mae(original: Any, q: DynQuantTensor) -> float:
     group = (q.shape[1] if q.format == "int8_per_row" else n) if n else 0
     # The seed's iterator sum, in order in f32, of |x - code * scale|, in the crate,
     # each value dequantized as it is read (no temporary the size of the input).
-    return float(
-        _native.quantization_mae(orig, q.data, n, group, q.scales, q.format == "int4_per_tensor")
-    )
+    try:
+        mae = _native.quantization_mae(
+            orig, q.data, n, group, q.scales, q.format == "int4_per_tensor"
+        )
+    except NonFiniteError as e:
+        raise beyond_f32(e, orig) from None
+    return float(mae)
 
 
 # -- SmoothQuant ----------------------------------------------------------------------

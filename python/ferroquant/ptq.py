@@ -357,7 +357,11 @@ class Calibrator:
             NonFiniteError: ``w`` holds NaN or an infinity.
         """
         name = _text(name, "name")
-        w_min, w_max = _native.ptq_range(float_input(w, "w"))
+        arr = float_input(w, "w")
+        try:
+            w_min, w_max = _native.ptq_range(arr)
+        except NonFiniteError as e:
+            raise beyond_f32(e, arr) from None
         self._layers.append(
             LayerCalibration._trusted(
                 name=name, w_min=float(w_min), w_max=float(w_max), act_min=-1.0, act_max=1.0
