@@ -1980,3 +1980,22 @@ def test_a_float64_past_float32_is_named_as_such_not_as_nan_or_inf(arg, call):
     # A true NaN keeps its words.
     with pytest.raises(fq.NonFiniteError, match=r"^x holds a non-finite value \(NaN or ±inf\)"):
         fq.dynamic_quantize_int8(np.array([1.0, np.nan]))
+
+
+# --- found by the adversarial review of the twenty-sixth session -----------------------
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
+def test_a_subclass_is_read_as_the_array_its_memory_holds():
+    class Liar(np.ndarray):
+        shape = property(lambda self: (4, 4))  # type: ignore[assignment]
+
+    x = np.arange(12, dtype=np.float32).view(Liar)
+    q = fq.quantize_blockwise(x)
+    assert q.shape == (12,) and q == fq.quantize_blockwise(np.arange(12, dtype=np.float32))
+    np.testing.assert_array_equal(q.dequantize().shape, (12,))
+    with pytest.raises(fq.InvalidConfigError, match="got 1-D shape"):
+        fq.quantize_activations(x)
+    m = np.matrix(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert fq.quantize_blockwise(m).dequantize().shape == (2, 3)
+    assert type(fq.dynamic_quantize_int8_per_row(m).dequantize()) is np.ndarray

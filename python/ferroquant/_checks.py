@@ -354,7 +354,10 @@ def float_input(x: Any, arg: str) -> np.ndarray:
             f"values; pass {arg}.filled(fill_value) or {arg}.compressed()"
         )
     try:
-        arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+        # A subclass as a plain array, through NumPy's own `view`: its `shape`,
+        # `dtype` or `reshape` may say other than its memory holds (np.matrix
+        # keeps two dimensions through every reshape).
+        arr = np.ndarray.view(x, np.ndarray) if isinstance(x, np.ndarray) else np.asarray(x)
     except ValueError as e:  # a ragged nested list
         raise TypeError(f"{arg} must be a floating array: {e}") from None
     if arr.ndim >= 2 and _is_rows(x) and _masked_inside(x, arr.ndim - 1):
