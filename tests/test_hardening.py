@@ -1985,6 +1985,23 @@ def test_a_float64_past_float32_is_named_as_such_not_as_nan_or_inf(arg, call):
 # --- found by the adversarial review of the twenty-sixth session -----------------------
 
 
+def test_outputs_past_the_address_space_are_memory_errors_and_shapes_come_first():
+    # Empty inputs whose dims NumPy cannot multiply out into an output: NumPy's own
+    # "array is too big" ValueError named nothing of ours.
+    with pytest.raises(MemoryError, match="more than memory can address"):
+        fq.quantize(np.empty((2**60, 0), np.float32), fq.QuantConfig.int8_per_channel())
+    with pytest.raises(MemoryError, match="more than memory can address"):
+        fq.compute_smooth_factors(np.empty((0, 2**61), np.float16), np.empty((0, 2**61), "e"))
+    w = np.ones((2, 3), np.float32)
+    with pytest.raises(fq.ShapeMismatchError, match=r"^s: expected shape \(3,\)"):
+        fq.smooth_weights(w, np.empty((0, 2**61), np.float16))  # checked before converting
+    assert (w == 1).all()
+    lin = fq.QuantizedLinear.from_linear(np.ones((16, 3), np.float32))
+    with pytest.raises(fq.ShapeMismatchError, match=r"^x: the result's shape"):
+        lin.forward(np.empty((2**59, 0, 3), np.float32))
+    assert lin.forward(np.empty((5, 0, 3), np.float32)).shape == (5, 0, 16)
+
+
 @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
 def test_a_subclass_is_read_as_the_array_its_memory_holds():
     class Liar(np.ndarray):

@@ -609,7 +609,12 @@ class QuantizedLinear:
             )
         except NonFiniteError as e:
             raise beyond_f32(e, arr, "x") from None
-        return flat.reshape(*lead, out_f)
+        try:
+            return flat.reshape(*lead, out_f)
+        except ValueError:  # no elements, but dims NumPy cannot multiply out
+            raise ShapeMismatchError(
+                f"x: the result's shape {(*lead, out_f)} is beyond what NumPy can hold"
+            ) from None
 
     def __call__(self, x: Any) -> np.ndarray:
         """``self.forward(x)``, through the instance's class (a subclass's

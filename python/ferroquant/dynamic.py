@@ -429,7 +429,9 @@ def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
         raise ValueError(f"{arg} must be a writable C-contiguous float32 array")
     # The factors: any float dtype or layout (f64/f16/bf16 rounded to f32 one by
     # one), read in place when they already are aligned contiguous float32.
-    factors = to_float32(float_input(s, "s"))
+    # (Shapes checked before the conversion: a wrong `s` of no elements and an
+    # absurd shape would otherwise fail to allocate its float32 copy first.)
+    factors = float_input(s, "s")
     if x.ndim != 2:
         raise ShapeMismatchError(f"{arg} must be 2-D, got shape {x.shape}")
     if factors.shape != (x.shape[1],):
@@ -437,6 +439,7 @@ def _smooth(x: Any, arg: str, s: Any, multiply: bool) -> np.ndarray:
             f"s: expected shape ({x.shape[1]},), one factor per column of {arg}, "
             f"got {factors.shape}"
         )
+    factors = to_float32(factors)
     # Factors that share memory with the array (s = a[0]) are read as they were.
     if np.shares_memory(x, factors):
         factors = factors.copy()

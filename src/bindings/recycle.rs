@@ -144,6 +144,14 @@ fn zeros<'py>(
     n: usize,
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    // NumPy refuses these with a ValueError ("array is too big"): an output no
+    // memory could hold is the MemoryError every other allocation failure is.
+    let item = descr.itemsize();
+    if n.checked_mul(item).is_none_or(|b| b > isize::MAX as usize) {
+        return Err(PyMemoryError::new_err(format!(
+            "cannot allocate an output of {n} elements of {item} bytes: more than memory can address"
+        )));
+    }
     static ZEROS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let zeros = ZEROS.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
         Ok(py.import("numpy")?.getattr("zeros")?.unbind())
