@@ -272,6 +272,22 @@ def test_a_slightly_larger_free_buffer_is_reused():
     assert address(fq.dequantize(much_smaller)) != where
 
 
+def test_a_larger_buffer_shows_nothing_of_its_last_result_past_the_view():
+    # The rest of a reused larger buffer held a dropped result: reachable through
+    # `.base`, it must not show that result's values (an adversarial review).
+    a = fq.dequantize(fq.quantize(np.full(N, 42.0, np.float32), fq.QuantConfig.int4()))
+    where = address(a)
+    del a
+    b = fq.dequantize(fq.quantize(np.ones(int(0.9 * N), np.float32), fq.QuantConfig.int4()))
+    assert address(b) == where
+    root = b
+    while root.base is not None:
+        root = root.base
+    assert root.nbytes == 4 * N and root.dtype == np.uint8
+    assert not root[b.nbytes :].any()
+    np.testing.assert_array_equal(b, np.ones(b.shape, np.float32))
+
+
 def test_memory_error_releases_free_buffers_and_retries():
     code = """
 import resource

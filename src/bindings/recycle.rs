@@ -37,8 +37,8 @@
 //! finds it taken (or a forked child that inherited it taken) allocates as if
 //! the cache were off, never waits.
 
-use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyUntypedArrayMethods};
-use pyo3::exceptions::PyMemoryError;
+use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyList;
@@ -294,7 +294,7 @@ pub(crate) fn output<'py>(
     let (bytes, p) = bytes;
     let buf = buffer(py, p, bytes)?;
     if buf.len() < bytes {
-        return Err(pyo3::exceptions::PyRuntimeError::new_err(
+        return Err(PyRuntimeError::new_err(
             "recycled output buffer is too small",
         ));
     }
@@ -303,6 +303,14 @@ pub(crate) fn output<'py>(
     let out = if buf.len() == bytes {
         buf.call_method1("view", (descr,))?
     } else {
+        // The bytes past the view held an earlier output: cleared, so no result
+        // shows another's data through its `.base` (at most a quarter of the view).
+        {
+            let mut whole = buf
+                .try_readwrite()
+                .map_err(|e| PyRuntimeError::new_err(format!("recycled output buffer: {e}")))?;
+            whole.as_slice_mut()?[bytes..].fill(0);
+        }
         buf.get_item(pyo3::types::PySlice::new(py, 0, bytes as isize, 1))?
             .call_method1("view", (descr,))?
     };
