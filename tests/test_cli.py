@@ -1743,3 +1743,53 @@ def test_two_runs_write_the_same_bytes(model, tmp_path):
     back = tmp_path / "back.safetensors"
     p = cli("dequantize", str(tmp_path / "q0.safetensors"), "-o", str(back))
     assert p.returncode == 0, p.stderr
+
+
+def _run_on_a_terminal(*args: str) -> str:
+    """``ferroquant ARGS`` with standard error on a pseudo-terminal (so the progress
+    bar shows); what it wrote there."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+    # 150 columns: a new pseudo-terminal has none, and tqdm draws nothing in them.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 150, 0, 0))
+    try:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "ferroquant", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+            env=dict(os.environ, TQDM_MININTERVAL="0"),  # every update drawn
+        )
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: every writer has closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert p.wait(timeout=120) == 0
+    finally:
+        os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_the_progress_bar_shows_hostile_names_escaped(tmp_path, rng):
+    # A tensor name is the file's to choose: on the bar, as in the table, its escape
+    # sequences are shown escaped, never sent to the terminal (not even cut in half).
+    src = tmp_path / "m.safetensors"
+    evil = "e\x1b]0;PWNED\x07\x1b[31mRED\x1b[0m"
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    stn.save_file({evil: w, "z": w}, str(src))  # the bar is drawn again for "z"
+    for args in (
+        ("quantize", str(src), "-o", str(tmp_path / "q.safetensors"), "--scheme", "int8"),
+        ("quantize", str(src), "-o", str(tmp_path / "q.json"), "--scheme", "ptq-int8"),
+        ("compare", str(src), "--schemes", "int8"),
+    ):
+        shown = _run_on_a_terminal(*args)
+        assert "RED" in shown, shown  # the bar ran, with the name's end on it
+        assert "\x1b]" not in shown and "\x07" not in shown and "\x1b[31m" not in shown

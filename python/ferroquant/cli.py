@@ -401,6 +401,13 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _bar_text(name: str, width: int) -> str:
+    """The end of ``name`` for the progress bar: escaped first (see :func:`_one_line`),
+    then cut, so a hostile tensor name sends no escape sequence, whole or half, to
+    the terminal."""
+    return _one_line(name)[-width:]
+
+
 def _path_shown(path: Any) -> str:
     """A path safe to print (see :func:`_one_line`)."""
     return _one_line(os.fspath(path))
@@ -579,7 +586,7 @@ def _quantize(args: argparse.Namespace, src: Path, quantizer: Any, reader: Tenso
     )
     with writer_of as writer, _progress(len(reader.names), show) as bar:
         for name in reader.names:
-            bar.set_postfix_str(name[-40:], refresh=False)
+            bar.set_postfix_str(_bar_text(name, 40), refresh=False)
             if reader.is_opaque(name):
                 # Elements narrower than a byte (F4, F6_*): NumPy cannot hold them, and
                 # no scheme reads them; copied as their bytes.
@@ -851,7 +858,7 @@ def _quantize_json(
     show = not args.no_progress and sys.stderr.isatty()
     with _progress(len(weights), show) as bar:
         for name in weights:
-            bar.set_postfix_str(name[-40:], refresh=False)
+            bar.set_postfix_str(_bar_text(name, 40), refresh=False)
             arr = reader.get(name)
             bias = reader.get(biases[name]) if name in biases else None
             t0 = time.perf_counter()
@@ -1105,7 +1112,7 @@ def _compare(
             arr = reader.get(name)
             source_bytes += arr.nbytes
             for label, q in list(kept):
-                bar.set_postfix_str(f"{label} {name[-30:]}", refresh=False)
+                bar.set_postfix_str(f"{_bar_text(label, 20)} {_bar_text(name, 30)}", refresh=False)
                 tally = tallies[label]
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
