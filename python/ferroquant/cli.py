@@ -840,13 +840,14 @@ def _quantize_json(
                 f"tensors {other!r} and {n!r} would both be layer {layer_of[n]!r} of the "
                 "JSON model; rename one, or write a .safetensors output"
             )
+    weight_set = set(weights)  # membership tests below: a file may hold 10^6 names
     biases: Dict[str, str] = {}
     for n in weights:
         b = layer_of[n] + ".bias"
         t = reader.tensors.get(b)
         if (
             t is not None
-            and b not in weights
+            and b not in weight_set
             and t.dtype_tag in _FLOAT_TAGS
             and t.shape == [reader.tensors[n].shape[0]]
         ):
@@ -906,7 +907,8 @@ def _quantize_json(
         _native.ptq_write_json(tmp, *json_args)
 
     write_file(out, write_json, replace=not args.no_clobber, on_done=lambda: _committed(out))
-    left = [n for n in names if n not in weights and n not in biases.values()]
+    bias_set = set(biases.values())
+    left = [n for n in names if n not in weight_set and n not in bias_set]
     elapsed = time.perf_counter() - t_start
     header = ["tensor", "shape", "scheme", "size", "ratio", "max|err|", "mean|err|", "ms"]
     print(_table(rows, header))
@@ -1103,9 +1105,10 @@ def _compare(
     tallies = {label: _Tally() for label, _ in kept}
     other_bytes = source_bytes = 0
     show = not args.no_progress and sys.stderr.isatty()
+    tensor_set = set(tensors)  # a file may hold 10^6 names
     with _progress(len(tensors) * len(kept), show) as bar:
         for name in reader.names:
-            if name not in tensors:
+            if name not in tensor_set:
                 t = reader.tensors[name]
                 other_bytes += t.nbytes
                 continue
