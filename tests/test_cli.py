@@ -1793,3 +1793,26 @@ def test_the_progress_bar_shows_hostile_names_escaped(tmp_path, rng):
         shown = _run_on_a_terminal(*args)
         assert "RED" in shown, shown  # the bar ran, with the name's end on it
         assert "\x1b]" not in shown and "\x07" not in shown and "\x1b[31m" not in shown
+
+
+def test_a_json_model_restores_float32_and_quantize_says_so(tmp_path, rng):
+    src, js, back = tmp_path / "m.safetensors", tmp_path / "m.json", tmp_path / "d.safetensors"
+    w = rng.standard_normal((16, 16)).astype(ml_dtypes.bfloat16)
+    stn.save_file({"fc.weight": w, "fc.bias": np.ones(16, np.float16)}, str(src))
+    r = cli("quantize", str(src), "-o", str(js), "--scheme", "ptq-int8", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "JSON keeps no dtype: 2 tensors (BF16, F16)" in r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("fc.weight")]
+    max_err, mean_err = (float(v) for v in line.split()[-3:-1])
+    assert cli("dequantize", str(js), "-o", str(back)).returncode == 0
+    restored = stn.load_file(str(back))["fc.weight"]
+    assert restored.dtype == np.float32
+    err = np.abs(w.astype(np.float64) - restored.astype(np.float64))
+    assert f"{max_err:.3e}" == f"{err.max():.3e}" and f"{mean_err:.3e}" == f"{err.mean():.3e}"
+    # A float32 model warns of nothing.
+    stn.save_file({"fc.weight": w.astype(np.float32)}, str(src))
+    r = cli("quantize", str(src), "-o", str(js), "--scheme", "ptq-int8", "--no-progress")
+    assert r.returncode == 0 and "warning" not in r.stderr
+    # compare reads safetensors: a .json model is named as such.
+    r = cli("compare", str(js))
+    assert r.returncode == 1 and "is a .json model" in r.stderr

@@ -870,9 +870,9 @@ def _quantize_json(
             except QuantizationError as e:
                 raise CliError(f"tensor {name!r}: {e}") from None
             ms = (time.perf_counter() - t0) * 1e3
-            # As `ferroquant dequantize` restores the model's layers (_add_model).
-            want = FLOAT_DTYPES.get(q.dtype, np.dtype(np.float32))
-            written = _as_written(q.dequantize(), want)
+            # As `ferroquant dequantize` restores the model's layers: seed 004's JSON
+            # has no dtype field, so every layer comes back float32.
+            written = _as_written(q.dequantize(), np.dtype(np.float32))
             if written is None:  # a finite int8 code times a finite scale: never
                 raise CliError(f"tensor {name!r}: dequantizes to values that are not finite")
             max_err, mean_err = error_stats(arr, written)
@@ -909,6 +909,15 @@ def _quantize_json(
     write_file(out, write_json, replace=not args.no_clobber, on_done=lambda: _committed(out))
     bias_set = set(biases.values())
     left = [n for n in names if n not in weight_set and n not in bias_set]
+    narrow = [n for n in (*weights, *biases.values()) if reader.tensors[n].dtype_tag != "F32"]
+    if narrow:
+        tags = sorted({reader.tensors[n].dtype_tag for n in narrow})
+        print(
+            f"ferroquant: warning: seed 004's JSON keeps no dtype: {len(narrow)} tensors "
+            f"({', '.join(tags)}) come back from `dequantize` as float32 (a .safetensors "
+            "output keeps their dtype)",
+            file=sys.stderr,
+        )
     elapsed = time.perf_counter() - t_start
     header = ["tensor", "shape", "scheme", "size", "ratio", "max|err|", "mean|err|", "ms"]
     print(_table(rows, header))
@@ -1056,6 +1065,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if _same_file(src, Path(args.json)):
             raise CliError("the --json output must differ from the input file")
         _format_destination(args.json, args.no_clobber)
+    if _looks_like_json(src):
+        raise CliError(
+            f"{_path_shown(src)} is a .json model (quantized already); compare reads "
+            "safetensors files: `ferroquant dequantize` turns the model into one"
+        )
     with TensorReader(src) as reader:
         return _compare(args, src, quantizers, chosen, reader)
 
