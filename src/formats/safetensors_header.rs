@@ -77,7 +77,7 @@ pub fn parse_header(header: &[u8], file_len: usize, max_ndim: usize) -> Result<H
         .ok_or_else(|| format("header offsets overflow"))?;
     if expected != file_len {
         return Err(format(format!(
-            "the header describes {expected} bytes but the data holds {file_len}"
+            "the header describes a file of {expected} bytes, but the file holds {file_len}"
         )));
     }
     let names = meta.offset_keys();
