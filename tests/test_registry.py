@@ -24,8 +24,16 @@ def test_blockwise8_is_registered_and_matches_the_function(rng):
 def test_bad_parameters_are_checked_when_the_quantizer_is_built():
     with pytest.raises(fq.InvalidConfigError, match="block_size"):
         fq.get_quantizer("blockwise8", block_size=0)
-    with pytest.raises(TypeError):
+    msg = r"^quantizer 'blockwise8' takes no parameter 'bits' \(its parameters: block_size, "
+    with pytest.raises(TypeError, match=msg):
         fq.get_quantizer("blockwise8", bits=4)
+    with pytest.raises(TypeError, match=r"'int8' takes no parameter 'bits' \(.*: none\)"):
+        fq.get_quantizer("int8", bits=4)  # not "_affine_factory.<locals>.factory()"
+
+
+def test_a_factory_taking_any_keyword_gets_them_all(clean_registry):
+    fq.register_quantizer("kw", lambda **kw: Halver())
+    assert isinstance(fq.get_quantizer("kw", anything=1), Halver)
 
 
 def test_unknown_name_lists_the_known_ones():

