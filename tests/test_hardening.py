@@ -1561,7 +1561,8 @@ def test_unpickling_checks_the_fields_as_the_constructor_does():
         (fq.quantize_blockwise(x), {"block_size": -1}, fq.InvalidConfigError),
         (fq.dynamic_quantize_int8(x), {"data": np.zeros(3, np.int8)}, fq.ShapeMismatchError),
         (fq.dynamic_quantize_int8(x), {"scales": [1.0]}, TypeError),
-        (fq.QuantizedWeights.from_f32("w", x), {"data": np.full(64, -128, np.int16)}, TypeError),
+        (fq.QuantizedWeights.from_f32("w", x), {"weights_i8": np.ones(64, np.int16)}, TypeError),
+        (fq.QuantizedWeights.from_f32("w", x), {"data": np.ones(64, np.int8)}, TypeError),
     ]
     for q, corrupt, error in cases:
         func, (cls, fields) = q.__reduce__()
@@ -1574,6 +1575,52 @@ def test_unpickling_checks_the_fields_as_the_constructor_does():
         with pytest.raises(error):
             pickle.loads(blob)
         assert pickle.loads(pickle.dumps(q)) == q  # an intact pickle still loads
+
+
+def test_unpickling_a_subclass_runs_none_of_its_own_construction_again():
+    # The checks are ferroquant's class's: a subclass's __init__ (its own signature),
+    # its init=False fields and its __post_init__ are not run on a restored value.
+    import copy
+    import pickle
+
+    q = fq.dynamic_quantize_int8(np.ones((4, 6), np.float32))
+
+    @dataclasses.dataclass(frozen=True, eq=False, repr=False)
+    class NoInit(fq.DynQuantTensor):
+        n: int = dataclasses.field(default=5, init=False)
+
+    class OwnInit(fq.DynQuantTensor):
+        def __init__(self, x: np.ndarray) -> None:
+            r = fq.dynamic_quantize_int8(x)
+            super().__init__(r.data, r.scales, r.shape, r.format)
+
+    @dataclasses.dataclass(frozen=True, eq=False, repr=False)
+    class Counted(fq.DynQuantTensor):
+        n: int = 0
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            object.__setattr__(self, "n", self.n + 1)
+
+    values = [
+        NoInit(q.data, q.scales, q.shape, q.format),
+        OwnInit(np.ones(4, np.float32)),
+        Counted(q.data, q.scales, q.shape, q.format),
+    ]
+    globals().update(NoInit=NoInit, OwnInit=OwnInit, Counted=Counted)  # picklable by name
+    NoInit.__qualname__, OwnInit.__qualname__, Counted.__qualname__ = "NoInit", "OwnInit", "Counted"
+    try:
+        for v in values:
+            for c in (copy.deepcopy(v), pickle.loads(pickle.dumps(v))):
+                assert type(c) is type(v) and c == v
+                assert getattr(c, "n", None) == getattr(v, "n", None)
+        # And a corrupt field of ferroquant's is still refused in a subclass.
+        func, (cls, fields) = values[2].__reduce__()
+        with pytest.raises(fq.ShapeMismatchError):
+            func(cls, dict(fields, data=np.zeros(3, np.int8)))
+    finally:
+        for name in ("NoInit", "OwnInit", "Counted"):
+            globals().pop(name, None)
 
 
 def test_an_interrupted_write_leaves_no_file_and_no_descriptor(tmp_path):

@@ -153,22 +153,38 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+#: Module names of this package start with this.
+_PACKAGE = __name__.rpartition(".")[0] + "."
+
+
 def _rebuild(cls: Type[Q], fields: Dict[str, Any]) -> Q:
     """Unpickle: every array is copied into a private read-only one. Arrays over
     buffers passed out of band (protocol 5) are the caller's memory; and an array
     pickle or ``copy.deepcopy`` made from its own bytes may also be reachable
     elsewhere in what was loaded (``deepcopy((q.data, q))`` hands the caller the
     very array the copy of ``q`` holds), whose owner could make it writable again.
-    The constructor then checks the fields as it checks a caller's: a pickle is bytes
-    from elsewhere, and a value built from a corrupt one without the checks would
-    dequantize to garbage and save a file that ``load`` refuses."""
+    The fields are then checked as the constructor checks a caller's: a pickle is
+    bytes from elsewhere, and a value built from a corrupt one without the checks
+    would dequantize to garbage and save a file that ``load`` refuses. The checks
+    are ferroquant's class's (the first in ``cls``'s MRO): a subclass's own
+    ``__init__`` or ``__post_init__`` is not run again, as the value it made is
+    being restored, not made."""
     fields = dict(fields)
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    if unknown:
+        raise TypeError(f"a pickled {cls.__name__} with fields it does not have: {unknown[:5]}")
     for name in cls._arrays:
         arr = fields.get(name)
         if isinstance(arr, np.ndarray):
             out = kernel_layout(arr)  # native order, aligned, C order: a copy, or ``arr``
             fields[name] = owned(np.array(out, subok=False) if out is arr else out)
-    return cls(**fields)
+    ours = next(k for k in cls.__mro__ if k.__module__.startswith(_PACKAGE))
+    own = dataclasses.fields(ours)
+    checked = ours(**{f.name: fields[f.name] for f in own if f.init and f.name in fields})
+    if cls is ours:
+        return checked
+    fields.update((f.name, getattr(checked, f.name)) for f in own)
+    return cls._trusted(**fields)
 
 
 def ratio_text(ratio: float, digits: int) -> str:
