@@ -32,8 +32,34 @@ def test_bad_parameters_are_checked_when_the_quantizer_is_built():
 
 
 def test_a_factory_taking_any_keyword_gets_them_all(clean_registry):
+    import functools
+
     fq.register_quantizer("kw", lambda **kw: Halver())
     assert isinstance(fq.get_quantizer("kw", anything=1), Halver)
+
+    # A decorator's wrapper that takes keywords of its own: the call decides, not
+    # the signature of the function it wraps.
+    def debuggable(f):
+        @functools.wraps(f)
+        def wrapper(*a, debug=False, **k):
+            return f(*a, **k)
+
+        return wrapper
+
+    @debuggable
+    def factory(bits=8):
+        return Halver()
+
+    fq.register_quantizer("wrapped", factory)
+    assert isinstance(fq.get_quantizer("wrapped", debug=True), Halver)
+
+    # A TypeError of the factory's own, with parameters it takes, is its own.
+    def picky(bits=8):
+        raise TypeError("bits must be an int")
+
+    fq.register_quantizer("picky", picky)
+    with pytest.raises(TypeError, match=r"^bits must be an int$"):
+        fq.get_quantizer("picky", bits="8")
 
 
 def test_unknown_name_lists_the_known_ones():

@@ -68,20 +68,25 @@ def get_quantizer(name: str, /, **params: Any) -> Quantizer:
 
     Raises:
         KeyError: no quantizer has that name (the message lists the known ones).
-        TypeError: a parameter the factory does not take, or the factory built
-            something that is not a :class:`Quantizer` (no ``name``, ``quantize`` or
-            ``dequantize``).
+        TypeError: the factory refused the parameters (one it does not take is
+            named), or built something that is not a :class:`Quantizer` (no
+            ``name``, ``quantize`` or ``dequantize``).
     """
     factory = registry_factory(name)
-    accepted = factory_parameters(factory)
-    unknown = sorted(set(params) - accepted) if accepted is not None else []
-    if unknown:
-        # Named here: the factory's own TypeError names an inner function.
+    try:
+        q = factory(**params)
+    except TypeError:
+        # The factory refused the call: if its signature shows a parameter it does
+        # not take, say so naming the scheme (its own message names an inner
+        # function, `_affine_factory.<locals>.factory()`); else its error as it is.
+        accepted = factory_parameters(factory)
+        unknown = sorted(set(params) - accepted) if accepted is not None else []
+        if not unknown:
+            raise
         takes = ", ".join(sorted(accepted or ())) or "none"
         raise TypeError(
             f"quantizer {name!r} takes no parameter {unknown[0]!r} (its parameters: {takes})"
-        )
-    q = factory(**params)
+        ) from None
     if not isinstance(q, Quantizer):
         raise TypeError(
             f"quantizer {name!r}: its factory returned a {type(q).__name__}, not a "
@@ -91,11 +96,12 @@ def get_quantizer(name: str, /, **params: Any) -> Quantizer:
 
 
 def factory_parameters(factory: Any) -> Optional[Set[str]]:
-    """The keyword parameters ``factory`` takes, or None if it takes ``**kwargs`` (or
-    its signature cannot be read)."""
+    """The keyword parameters ``factory`` takes, or None if it takes ``**kwargs`` or
+    its signature cannot be read. The signature is the callable's own, not that of
+    a function it wraps (a decorator's wrapper may take keywords of its own)."""
     try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
+        sig = inspect.signature(factory, follow_wrapped=False)
+    except Exception:  # a broken __signature__ of a user's factory: unknown
         return None
     names = set()
     for p in sig.parameters.values():
