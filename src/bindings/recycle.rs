@@ -148,8 +148,14 @@ fn zeros<'py>(
     // memory could hold is the MemoryError every other allocation failure is.
     let item = descr.itemsize();
     if n.checked_mul(item).is_none_or(|b| b > isize::MAX as usize) {
+        // usize::MAX is also what a caller's saturated count of more arrives as.
+        let count = if n == usize::MAX {
+            "2^64 or more".to_string()
+        } else {
+            n.to_string()
+        };
         return Err(PyMemoryError::new_err(format!(
-            "cannot allocate an output of {n} elements of {item} bytes: more than memory can address"
+            "cannot allocate an output of {count} elements of {item} bytes: more than memory can address"
         )));
     }
     static ZEROS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
