@@ -1043,20 +1043,28 @@ unsafe fn quantize_int4_f32_beside<B: Beside>(
     }
 }
 
-/// The 8 packed bytes of 16 int4 codes held as i32 lanes (low 8 bytes of the
-/// result): each 64-bit lane's `lo & 15 | (hi & 15) << 4`.
+/// The 32 packed bytes of 64 int4 codes held as four vectors of i32 lanes
+/// (codes in i8's range, as every int4 code is): the codes as 64 bytes in
+/// order ([`pack64`]), then each 16-bit pair's `even & 15 | (odd & 15) << 4`
+/// in its low byte (one select of the pair and the pair shifted right by 4),
+/// narrowed: seven ops where a narrowing per vector took eighteen.
 #[inline(always)]
-unsafe fn nibble_pairs(q: __m512i) -> __m128i {
-    // SAFETY: AVX-512F per the caller; register operations only.
+unsafe fn nibbles64(q: [__m512i; 4]) -> __m256i {
+    // SAFETY: AVX-512F/BW per the caller; register operations only.
     unsafe {
-        let t = _mm512_and_si512(q, _mm512_set1_epi64(0x0000_000f_0000_000f));
-        _mm512_cvtepi64_epi8(_mm512_or_si512(t, _mm512_srli_epi64::<28>(t)))
+        let b = pack64(q);
+        // 0xCA: mask ? b : b >> 4 bitwise; bits 8-15 are dropped by the narrowing.
+        let w = _mm512_ternarylogic_epi32::<0xCA>(
+            _mm512_set1_epi16(0x000f),
+            b,
+            _mm512_srli_epi16::<4>(b),
+        );
+        _mm512_cvtepi16_epi8(w)
     }
 }
 
 /// `affine_quantize_int4_f32`: 64 values a step, coded as 16-lane i32 vectors
-/// and packed in registers (each 64-bit lane holds an even and an odd code:
-/// `lo & 15 | (hi & 15) << 4` is its low byte), the rest through a stage.
+/// and packed in registers ([`nibbles64`]), the rest through a stage.
 #[inline(always)]
 unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool, B: Beside>(
     x: &[f32],
@@ -1086,10 +1094,7 @@ unsafe fn quantize_int4_f32_run<const RANGE: bool, const CLAMP: bool, B: Beside>
                 beside.step();
             }
             let q = affine64_f32::<RANGE, CLAMP>(c.as_ptr(), fast, &exact);
-            let lo = _mm_unpacklo_epi64(nibble_pairs(q[0]), nibble_pairs(q[1]));
-            let hi = _mm_unpacklo_epi64(nibble_pairs(q[2]), nibble_pairs(q[3]));
-            _mm_storeu_si128(o.as_mut_ptr().cast(), lo);
-            _mm_storeu_si128(o.as_mut_ptr().add(16).cast(), hi);
+            _mm256_storeu_si256(o.as_mut_ptr().cast(), nibbles64(q));
         }
         prefetch_rest(ahead);
         let (xr, or) = (xc.remainder(), oc.into_remainder());
