@@ -893,11 +893,12 @@ def _quantize_json(
     write_file(out, write_json, replace=not args.no_clobber, on_done=lambda: _committed(out))
     bias_set = set(biases.values())
     left = [n for n in names if n not in weight_set and n not in bias_set]
-    narrow = [n for n in (*weights, *biases.values()) if reader.tensors[n].dtype_tag != "F32"]
+    # (Biases are float32 in either format: QuantizedWeights holds them so.)
+    narrow = [n for n in weights if reader.tensors[n].dtype_tag != "F32"]
     if narrow:
         tags = sorted({reader.tensors[n].dtype_tag for n in narrow})
         print(
-            f"ferroquant: warning: seed 004's JSON keeps no dtype: {len(narrow)} tensors "
+            f"ferroquant: warning: seed 004's JSON keeps no dtype: {len(narrow)} weight(s) "
             f"({', '.join(tags)}) come back from `dequantize` as float32 (a .safetensors "
             "output keeps their dtype)",
             file=sys.stderr,
@@ -1113,7 +1114,7 @@ def _compare(
             arr = reader.get(name)
             source_bytes += arr.nbytes
             for label, q in list(kept):
-                bar.set_postfix_str(f"{_bar_text(label, 20)} {_bar_text(name, 30)}", refresh=False)
+                bar.set_postfix_str(f"{_bar_text(label, 40)} {_bar_text(name, 30)}", refresh=False)
                 tally = tallies[label]
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
