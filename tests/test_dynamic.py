@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import ml_dtypes
@@ -507,9 +508,17 @@ def test_calib_stats_p99_is_exact_for_lists_and_streams(tmp_path, monkeypatch):
         # ... or the count announced, which keeps just what the p99 needs.
         assert fq.CalibStats.collect(iter(batches), total=5_100_000) == exact
         assert fq.CalibStats.collect(iter(batches), total=2**40) == exact
+    # An unusable TMPDIR is passed over, as Python's tempfile passes over it.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() looks again
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fq.CalibStats.collect(iter(batches)) == exact
     # Without a usable temporary directory the spill fails: an upper bound, and
     # the warning says why.
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
     with pytest.warns(fq.PrecisionWarning, match="upper bound(.|\\n)*temporary file"):
         approx = fq.CalibStats.collect(iter(batches))
     assert approx.p99 >= exact.p99
@@ -628,6 +637,16 @@ def test_calib_stats_total_is_checked():
         batches
     )
 
+    # A list is sized from its batches' shapes; a batch that then holds more values
+    # (its shape lied) is named as such, not as a `total` the caller never passed.
+    class Lying(np.ndarray):
+        @property
+        def shape(self):
+            return (1,)
+
+    with pytest.raises(fq.ShapeMismatchError, match=r"batches\[1\].*added up to 11 values"):
+        fq.CalibStats.collect([np.ones(10, np.float32), np.arange(5, dtype=np.float32).view(Lying)])
+
 
 def test_calib_stats_errors():
     with pytest.raises(fq.NonFiniteError) as e:
@@ -665,6 +684,10 @@ def test_mae_and_compute_scale_check_their_arguments():
     for bad in (None, "127", True):
         with pytest.raises(TypeError, match="clip_val"):
             fq.compute_scale(x, bad)  # type: ignore[arg-type]
+    # A valid clip that overflows the float32 quotient gives the seed's inf.
+    assert fq.compute_scale(x, 1e-38) == np.float32(1) / np.float32(1e-38)
+    assert fq.compute_scale(np.array([1, -3], np.float32), 1e-45) == math.inf
+    assert fq.compute_scale(np.array([1, -3e38], np.float32), 0.5, fq.Percentile(1.0)) == math.inf
 
 
 def test_config_values_beyond_float_range_are_invalid_configs():

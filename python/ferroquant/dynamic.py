@@ -10,6 +10,7 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Tuple, Union
 
@@ -238,10 +239,12 @@ class DynQuantTensor(Quantized):
 
 def compute_scale(x: Any, clip_val: float, mode: ScaleMode = MaxAbs()) -> float:
     """Seed 002's ``compute_scale`` over all of ``x``: ``statistic / clip_val``, 0.0 for
-    empty or all-zero input.
+    empty or all-zero input. The quotient is float32's, as the seed's: a ``clip_val``
+    so small that it overflows (a subnormal clip, say) gives ``inf``.
 
     Raises:
         TypeError: ``x`` is not a floating array, or ``mode`` is not a scale mode.
+        InvalidConfigError: ``clip_val`` is not finite and > 0 in float32.
         NonFiniteError: ``x`` holds NaN or an infinity.
     """
     p = _percentile(mode)
@@ -578,14 +581,17 @@ class CalibStats(Quantized):
         it will yield, or more) to stream in the same memory. Without it, a
         stream whose largest values come first can need values let go earlier,
         so every |x| also goes to a spill (4 bytes a value: 1 MiB in memory,
-        then an unnamed temporary file in ``TMPDIR``), read once at the end only
-        when needed. The p99 is exact either way; the spill's writes cost time
-        and disk on every call without ``total`` (see the README).
+        then an unnamed temporary file in ``tempfile.gettempdir()``, which passes
+        over an unusable ``TMPDIR``), read once at the end only when needed. The
+        p99 is exact either way; the spill's writes cost time and disk on every call
+        without ``total`` (see the README).
 
         Raises:
             TypeError: a batch is not a floating array, or ``total`` not an int.
             InvalidConfigError: ``total`` is negative, or more values arrive than
                 it announced.
+            ShapeMismatchError: a list's batch holds more values than its shape
+                said when the list was sized.
             NonFiniteError: a batch holds NaN or an infinity.
 
         Warns:
@@ -595,6 +601,16 @@ class CalibStats(Quantized):
                 bound.
         """
         return _collect(batches, total)
+
+
+def _spill_dir() -> Optional[str]:
+    """Where a stream's spill goes: Python's temporary directory, which passes over an
+    unusable ``TMPDIR`` (or ``None`` when there is none: the crate's own attempt then
+    names the error)."""
+    try:
+        return tempfile.gettempdir()
+    except OSError:  # no usable temporary directory at all
+        return None
 
 
 def _suggested_scale(p99: float, max_abs: float) -> float:
@@ -639,7 +655,7 @@ def _collect(batches: Any, total: Any = None) -> CalibStats:
     announced = _total(total)
     if announced is None and isinstance(batches, (list, tuple)):
         announced = sum(_size(b, k) for k, b in enumerate(batches))
-    acc = _native.CalibAccumulator(announced)
+    acc = _native.CalibAccumulator(announced, None if announced is not None else _spill_dir())
     try:
         for k, batch in enumerate(batches):
             try:
@@ -649,6 +665,16 @@ def _collect(batches: Any, total: Any = None) -> CalibStats:
             before = acc.count()
             try:
                 acc.push(arr)
+            except InvalidConfigError:
+                if total is not None:
+                    raise
+                # The count came from the batches' shapes, not from the caller.
+                raise ShapeMismatchError(
+                    f"batches[{k}]: the shapes of the {type(batches).__name__}'s batches "
+                    f"added up to {announced} values, but its arrays hold "
+                    f"{before + arr.size} by this one (the {type(batches).__name__} or a "
+                    "batch changed, or a batch's shape lied, while it was read)"
+                ) from None
             except NonFiniteError as e:
                 i = e.index or 0
                 v = float(arr.flat[i - before]) if 0 <= i - before < arr.size else math.nan

@@ -230,10 +230,14 @@ type CalibResult = (f64, f64, f64, f64, f64, f64, bool, Option<String>);
 #[pymethods]
 impl CalibAccumulator {
     #[new]
-    #[pyo3(signature = (total=None))]
-    fn new(total: Option<u64>) -> Self {
+    #[pyo3(signature = (total=None, spill_dir=None))]
+    fn new(total: Option<u64>, spill_dir: Option<std::path::PathBuf>) -> Self {
+        let acc = calib::CalibAccumulator::new(total);
         CalibAccumulator {
-            inner: Some(calib::CalibAccumulator::new(total)),
+            inner: Some(match spill_dir {
+                Some(dir) => acc.with_spill_dir(dir),
+                None => acc,
+            }),
         }
     }
 

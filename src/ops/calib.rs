@@ -17,6 +17,7 @@ use crate::stage::STAGE;
 use rayon::prelude::*;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
 
 /// One batch's statistics.
 #[derive(Debug, Clone, PartialEq)]
@@ -381,7 +382,8 @@ fn needed(n: u64) -> usize {
 /// let go early is needed again when enough smaller values follow (a stream
 /// whose magnitudes fall). So every `|x|` of such a stream is also written,
 /// as a 4-byte bit pattern, to a spill: 1 MiB in memory, then an unnamed
-/// temporary file (`tempfile`, in `TMPDIR`). It is read only when the kept
+/// temporary file (in `TMPDIR`, or the directory given to
+/// [`CalibAccumulator::with_spill_dir`]). It is read only when the kept
 /// values and the counts by bin cannot give the p99, once, for the one bin the
 /// p99 lies in. If the file cannot be created or written, the result is the
 /// bound described in [`CalibOutcome::exact`].
@@ -427,6 +429,8 @@ struct Spill {
     on_file: u64,
     /// The file's error: nothing more is kept once set.
     error: Option<String>,
+    /// Where the file goes (`None`: the system's temporary directory).
+    dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Spill {
@@ -486,7 +490,11 @@ impl Spill {
         }
         let written = match self.file.as_mut() {
             Some(f) => Ok(f),
-            None => tempfile::tempfile().map(|f| {
+            None => match &self.dir {
+                Some(dir) => tempfile::tempfile_in(dir),
+                None => tempfile::tempfile(),
+            }
+            .map(|f| {
                 self.owner = std::process::id();
                 self.file.insert(f)
             }),
@@ -552,6 +560,14 @@ impl CalibAccumulator {
             bins: Vec::new(),
             spill: Spill::default(),
         }
+    }
+
+    /// The spill of a stream of unknown length goes to a temporary file in
+    /// `dir` rather than the system's temporary directory (`TMPDIR`). Python
+    /// passes `tempfile.gettempdir()`, which skips an unusable `TMPDIR`.
+    pub fn with_spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.spill.dir = Some(dir.into());
+        self
     }
 
     /// Values seen so far.
@@ -896,9 +912,12 @@ mod accumulator_tests {
     /// 105 858th largest) is a zero, but zeros came when the threshold was
     /// already above them, so their bin holds values let go.
     fn ones_then_zeros() -> Result<(CalibAccumulator, Vec<f32>)> {
+        ones_then_zeros_into(CalibAccumulator::new(None))
+    }
+
+    fn ones_then_zeros_into(mut acc: CalibAccumulator) -> Result<(CalibAccumulator, Vec<f32>)> {
         let a: Vec<f32> = (1..=100_000).map(|i| i as f32).collect();
         let zeros = vec![0f32; 1 << 20];
-        let mut acc = CalibAccumulator::new(None);
         acc.push(&a)?;
         let mut all = a.clone();
         for _ in 0..10 {
@@ -921,6 +940,21 @@ mod accumulator_tests {
             (out.stats.p99, out.exact, out.spill_error),
             (0.0, true, None)
         );
+        Ok(())
+    }
+
+    #[test]
+    fn the_spill_goes_to_the_directory_given() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| QuantError::invalid("dir", e.to_string()))?;
+        let (acc, _) = ones_then_zeros_into(CalibAccumulator::new(None).with_spill_dir(dir.path()))?;
+        let out = acc.finish();
+        assert_eq!((out.stats.p99, out.exact, out.spill_error), (0.0, true, None));
+        // A directory that does not exist: the bound, and the error named.
+        let missing = dir.path().join("missing");
+        let (acc, _) = ones_then_zeros_into(CalibAccumulator::new(None).with_spill_dir(missing))?;
+        let out = acc.finish();
+        assert!(!out.exact && out.stats.p99 > 0.0, "{out:?}");
+        assert!(out.spill_error.is_some_and(|e| e.contains("temporary file")));
         Ok(())
     }
 

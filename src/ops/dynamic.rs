@@ -401,7 +401,9 @@ pub(crate) fn low_histogram<T: Float>(
 }
 
 /// Seed 002's `compute_scale`: 0.0 for empty input or a zero statistic, else
-/// `statistic / clip`. Errors: `NonFinite` naming the first NaN or infinity.
+/// `statistic / clip` (inf, as the seed, when a tiny `clip` overflows the
+/// quotient). Errors: `NonFinite` naming the first NaN or infinity;
+/// `InvalidConfig` for a `clip` that is not finite and > 0.
 pub fn compute_scale<T: Float>(x: &[T], clip: f32, mode: ScaleMode) -> Result<f32> {
     compute_scale_with(Isa::detected(), x, clip, mode)
 }
