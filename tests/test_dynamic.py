@@ -239,6 +239,23 @@ def test_constructor_validates():
         fq.DynQuantTensor(np.full(3, 0x88, np.uint8), q.scales[:1], (6,), "int4_per_tensor")
     with pytest.raises(TypeError, match="float32"):
         fq.DynQuantTensor(q.data, q.scales.astype(np.float64), q.shape, "int8_per_row")
+    # A zero scale codes its group as zeros (SPEC §3): other codes are refused, in
+    # the constructor and so in from_bytes; the kernels' own zero groups pass.
+    x = np.array([[0, 0, 0], [1, -2, 3]], np.float32)
+    rows = fq.dynamic_quantize_int8_per_row(x)
+    assert rows.scales[0] == 0 and fq.DynQuantTensor.from_bytes(rows.to_bytes()) == rows
+    bad = rows.data.copy()
+    bad[1] = 5
+    with pytest.raises(fq.InvalidConfigError, match=r"scale is 0 must be 0.*row 0"):
+        fq.DynQuantTensor(bad, rows.scales, rows.shape, "int8_per_row")
+    zero = np.zeros(1, np.float32)
+    with pytest.raises(fq.InvalidConfigError, match="scale is 0"):
+        fq.DynQuantTensor(np.array([127, -5], np.int8), zero, (2,))
+    with pytest.raises(fq.InvalidConfigError, match="scale is 0"):
+        fq.DynQuantTensor(np.array([0x10, 0], np.uint8), zero, (3,), "int4_per_tensor")
+    assert fq.DynQuantTensor(
+        np.zeros(2, np.uint8), zero, (3,), "int4_per_tensor"
+    ).values().tolist() == [0, 0, 0]
 
 
 # -- BitNet (SPEC §4) -----------------------------------------------------------------

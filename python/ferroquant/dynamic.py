@@ -17,7 +17,15 @@ from typing import Any, ClassVar, Optional, Tuple, Union
 import numpy as np
 
 from . import _ferroquant as _native
-from ._base import Quantized, Record, check_codes, check_scales, f32_ratio, unpack_int4
+from ._base import (
+    Quantized,
+    Record,
+    check_codes,
+    check_scales,
+    f32_ratio,
+    first_true,
+    unpack_int4,
+)
 from ._checks import (
     any_masked,
     beyond_f32,
@@ -179,6 +187,16 @@ class DynQuantTensor(Quantized):
         if int4 and n % 2 and data.size and data[-1] >> 4:
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         check_codes(data, n, -clip, clip, int4)
+        # SPEC §3: a group whose scale is 0 is all zeros (any other code would
+        # dequantize to 0 all the same: a value no kernel makes).
+        if data.size and (scales == 0).any():
+            bad = first_true((scales == 0) & data.reshape(k, -1).any(axis=1))
+            if bad is not None:
+                where = f" (row {bad})" if self.format == "int8_per_row" else ""
+                raise InvalidConfigError(
+                    f"data: the codes of a group whose scale is 0 must be 0, got a "
+                    f"nonzero code{where}"
+                )
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "scales", scales)
