@@ -95,9 +95,7 @@ pub(crate) fn dequantize_affine<'py>(
     dtype: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let config = QuantConfig::from_names(bits, mode, granularity).map_err(|e| to_pyerr(py, e))?;
-    let n = shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
+    let n = crate::ops::shape_numel(&shape)
         .ok_or_else(|| pyo3::exceptions::PyOverflowError::new_err("shape is too large"))?;
     let s = exact::<f64>("scales", "float64", scales)?;
     let z = exact::<f64>("zero_points", "float64", zero_points)?;

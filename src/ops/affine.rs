@@ -280,7 +280,7 @@ pub fn quantization_stats<'a>(
     let add =
         |acc: usize, v: Option<usize>| v.and_then(|v| acc.checked_add(v)).ok_or_else(overflow);
     for shape in shapes {
-        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let numel = super::shape_numel(shape);
         fp32_bytes = add(fp32_bytes, numel.and_then(|n| n.checked_mul(4)))?;
         if shape.len() >= 2 {
             num_quantized += 1;
@@ -362,15 +362,12 @@ impl Codes<'_> {
 }
 
 fn numel(shape: &[usize], arg: &'static str) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| {
-            QuantError::invalid(
-                arg,
-                format!("{shape:?} holds more than usize::MAX elements"),
-            )
-        })
+    super::shape_numel(shape).ok_or_else(|| {
+        QuantError::invalid(
+            arg,
+            format!("{shape:?} holds more than usize::MAX elements"),
+        )
+    })
 }
 
 fn check_lengths(

@@ -946,15 +946,21 @@ mod accumulator_tests {
     #[test]
     fn the_spill_goes_to_the_directory_given() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| QuantError::invalid("dir", e.to_string()))?;
-        let (acc, _) = ones_then_zeros_into(CalibAccumulator::new(None).with_spill_dir(dir.path()))?;
+        let (acc, _) =
+            ones_then_zeros_into(CalibAccumulator::new(None).with_spill_dir(dir.path()))?;
         let out = acc.finish();
-        assert_eq!((out.stats.p99, out.exact, out.spill_error), (0.0, true, None));
+        assert_eq!(
+            (out.stats.p99, out.exact, out.spill_error),
+            (0.0, true, None)
+        );
         // A directory that does not exist: the bound, and the error named.
         let missing = dir.path().join("missing");
         let (acc, _) = ones_then_zeros_into(CalibAccumulator::new(None).with_spill_dir(missing))?;
         let out = acc.finish();
         assert!(!out.exact && out.stats.p99 > 0.0, "{out:?}");
-        assert!(out.spill_error.is_some_and(|e| e.contains("temporary file")));
+        assert!(out
+            .spill_error
+            .is_some_and(|e| e.contains("temporary file")));
         Ok(())
     }
 

@@ -561,7 +561,7 @@ pub fn dynamic_quantize_with<T: Float>(
     let mode = mode.checked()?;
     let _env = crate::simd::fpenv::Pinned::new();
     let n = x.len();
-    let want = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    let want = super::shape_numel(shape);
     if format == DynFormat::Int8PerRow && shape.len() != 2 {
         return Err(QuantError::ShapeMismatch {
             arg: "x2d",

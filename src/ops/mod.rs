@@ -26,3 +26,49 @@ pub mod pack;
 pub mod ptq;
 pub mod smooth;
 pub mod w8a8;
+
+/// The element count `shape` describes (0 when any dimension is 0, whatever
+/// the others), or `None` if it overflows `usize`.
+pub fn shape_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shape_numel;
+    use crate::ops::affine::{quantize, CodesMut, QuantConfig};
+    use crate::ops::dynamic::{dynamic_quantize, DynCodesMut, DynFormat, ScaleMode};
+
+    #[test]
+    fn a_zero_dimension_makes_an_empty_shape_in_any_position() {
+        assert_eq!(shape_numel(&[usize::MAX, 2, 0]), Some(0));
+        assert_eq!(shape_numel(&[0, usize::MAX, 2]), Some(0));
+        assert_eq!(shape_numel(&[usize::MAX, 2]), None);
+        assert_eq!(shape_numel(&[]), Some(1));
+        assert_eq!(shape_numel(&[3, 4]), Some(12));
+        // The quantizers agree: an empty input of that shape is fine, whatever
+        // the order of its dimensions.
+        for shape in [[usize::MAX, 2, 0], [0, usize::MAX, 2]] {
+            let config = QuantConfig::int8();
+            let (mut s, mut z) = ([0.0], [0.0]);
+            quantize::<f32>(
+                &[],
+                &shape,
+                &config,
+                CodesMut::Int8(&mut []),
+                &mut s,
+                &mut z,
+            )
+            .unwrap();
+            let mut scales = [1.0f32];
+            let codes = DynCodesMut::Int8(&mut []);
+            let format = DynFormat::Int8PerTensor;
+            dynamic_quantize::<f32>(&[], &shape, format, ScaleMode::MaxAbs, codes, &mut scales)
+                .unwrap();
+            assert_eq!(scales, [0.0]);
+        }
+    }
+}

@@ -220,10 +220,7 @@ pub fn dequantize_weights(q: &[i8], scale: f32, out: &mut [f32]) -> Result<()> {
     dynamic::dequantize_groups(DynCodes::Int8(q), q.len().max(1), &[scale], out)
 }
 
-/// The element count `shape` describes, or `None` if it overflows.
-pub fn shape_numel(shape: &[usize]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
-}
+pub use super::shape_numel;
 
 /// A borrowed [`QuantizedWeights`]: what the JSON writer serializes (the
 /// owned type serializes through it, so both write the same bytes).
