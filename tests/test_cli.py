@@ -351,6 +351,9 @@ def test_ptq_int8_native_output_names_each_layer(tmp_path, model):
         (["--scheme", "ptq-int8", "-o", "{tmp}/m.safetensors", "--config", "x"], "--config"),
         (["--scheme", "ptq-int8", "-o", "{tmp}/missing/m.json"], "No such file"),
         (["--scheme", "ptq-int8", "-p", "scale=0", "-o", "{tmp}/m.json"], "scale"),
+        # Python's spellings of the specials are numbers, as JSON's are.
+        (["--scheme", "ptq-int8", "-p", "scale=inf", "-o", "{tmp}/m.json"], "finite"),
+        (["--scheme", "ptq-int8", "-p", "scale=nan", "-o", "{tmp}/m.json"], "finite"),
     ],
 )
 def test_ptq_int8_misuse_is_one_line(tmp_path, model, args, message):

@@ -426,14 +426,18 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _param(text: str) -> Tuple[str, str, Any]:
     """``KEY=VALUE`` as (KEY as typed, KEY with ``-`` read as ``_``, VALUE read as JSON
-    when it parses (``64``, ``true``) else a string)."""
+    when it parses (``64``, ``true``), else as a Python float when it is one (``inf``,
+    ``nan``, ``.5``, ``+1``: JSON takes only ``Infinity`` and ``NaN``), else a string)."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
         value = json.loads(raw)
     except ValueError:
-        value = raw
+        try:
+            value = float(raw)
+        except ValueError:
+            value = raw
     return key, key.replace("-", "_"), value
 
 
