@@ -981,6 +981,14 @@ def affine_checks():
     return [back.scales.view(np.uint64).tolist(), zp]
 
 
+def dyn_checks():
+    # x's scale is subnormal, its codes nonzero: under DAZ the scale compares equal
+    # to 0, and the zero-scale check must not read it so.
+    q = fq.dynamic_quantize_int8(x)
+    back = fq.DynQuantTensor.from_bytes(q.to_bytes())
+    return [q.scales.view(np.uint32).tolist(), q.data.tolist(), back.data.tolist()]
+
+
 def results():
     stats = fq.CalibStats.collect([x])
     cal = fq.Calibrator()
@@ -1017,6 +1025,7 @@ def results():
         .view(np.uint32)
         .tolist(),
         affine_checks(),
+        dyn_checks(),
     ]
 
 

@@ -188,9 +188,12 @@ class DynQuantTensor(Quantized):
             raise InvalidConfigError("the unused high nibble of the last byte must be 0")
         check_codes(data, n, -clip, clip, int4)
         # SPEC §3: a group whose scale is 0 is all zeros (any other code would
-        # dequantize to 0 all the same: a value no kernel makes).
-        if data.size and (scales == 0).any():
-            bad = first_true((scales == 0) & data.reshape(k, -1).any(axis=1))
+        # dequantize to 0 all the same: a value no kernel makes). Zero by the bits
+        # (check_scales refused -0.0): under a caller's denormals-are-zero flag a
+        # subnormal scale compares equal to 0.
+        zero = scales.view(np.uint32) == 0
+        if data.size and zero.any():
+            bad = first_true(zero & data.reshape(k, -1).any(axis=1))
             if bad is not None:
                 where = f" (row {bad})" if self.format == "int8_per_row" else ""
                 raise InvalidConfigError(
