@@ -10,6 +10,7 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Tuple, Union
@@ -629,8 +630,9 @@ def _spill_dir() -> Optional[str]:
     unusable ``TMPDIR`` (or ``None`` when there is none: the crate's own attempt then
     names the error)."""
     try:
-        return tempfile.gettempdir()
-    except OSError:  # no usable temporary directory at all
+        d = tempfile.gettempdir()
+        return os.fsdecode(d) if isinstance(d, (str, bytes, os.PathLike)) else None
+    except (OSError, TypeError):  # no usable temporary directory; a broken tempfile.tempdir
         return None
 
 

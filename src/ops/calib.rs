@@ -17,7 +17,7 @@ use crate::stage::STAGE;
 use rayon::prelude::*;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// One batch's statistics.
 #[derive(Debug, Clone, PartialEq)]
@@ -490,11 +490,7 @@ impl Spill {
         }
         let written = match self.file.as_mut() {
             Some(f) => Ok(f),
-            None => match &self.dir {
-                Some(dir) => tempfile::tempfile_in(dir),
-                None => tempfile::tempfile(),
-            }
-            .map(|f| {
+            None => spill_file(self.dir.as_deref()).map(|f| {
                 self.owner = std::process::id();
                 self.file.insert(f)
             }),
@@ -542,6 +538,30 @@ impl Spill {
     }
 }
 
+/// An unnamed temporary file in `dir`, else in the system's temporary
+/// directory (`TMPDIR`, read now).
+fn spill_file(dir: Option<&Path>) -> std::io::Result<File> {
+    let system = std::env::temp_dir();
+    let dirs: Vec<&Path> = dir.into_iter().chain([system.as_path()]).collect();
+    spill_file_in(&dirs)
+}
+
+/// An unnamed temporary file in the first of `dirs` that takes one; the error
+/// names every directory tried and why it failed.
+fn spill_file_in(dirs: &[&Path]) -> std::io::Result<File> {
+    let mut failed = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        if dirs[..i].contains(d) {
+            continue;
+        }
+        match tempfile::tempfile_in(d) {
+            Ok(f) => return Ok(f),
+            Err(e) => failed.push(format!("in {}: {e}", d.display())),
+        }
+    }
+    Err(std::io::Error::other(failed.join("; ")))
+}
+
 impl CalibAccumulator {
     /// An empty accumulator; `total`: the number of values to come, if known.
     pub fn new(total: Option<u64>) -> Self {
@@ -563,8 +583,9 @@ impl CalibAccumulator {
     }
 
     /// The spill of a stream of unknown length goes to a temporary file in
-    /// `dir` rather than the system's temporary directory (`TMPDIR`). Python
-    /// passes `tempfile.gettempdir()`, which skips an unusable `TMPDIR`.
+    /// `dir`, or in the system's temporary directory (`TMPDIR`) if no file can
+    /// be made there. Python passes `tempfile.gettempdir()`, which skips an
+    /// unusable `TMPDIR`.
     pub fn with_spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spill.dir = Some(dir.into());
         self
@@ -953,14 +974,23 @@ mod accumulator_tests {
             (out.stats.p99, out.exact, out.spill_error),
             (0.0, true, None)
         );
-        // A directory that does not exist: the bound, and the error named.
+        // A directory that does not exist: the system's is used instead.
         let missing = dir.path().join("missing");
-        let (acc, _) = ones_then_zeros_into(CalibAccumulator::new(None).with_spill_dir(missing))?;
+        let acc = CalibAccumulator::new(None).with_spill_dir(&missing);
+        let (acc, _) = ones_then_zeros_into(acc)?;
         let out = acc.finish();
-        assert!(!out.exact && out.stats.p99 > 0.0, "{out:?}");
-        assert!(out
-            .spill_error
-            .is_some_and(|e| e.contains("temporary file")));
+        assert_eq!(
+            (out.stats.p99, out.exact, out.spill_error),
+            (0.0, true, None)
+        );
+        // When no directory takes the file, the error names each one tried.
+        let other = dir.path().join("other");
+        let err = spill_file_in(&[&missing, &missing, &other])
+            .unwrap_err()
+            .to_string();
+        let missing_text = format!("in {}:", missing.display());
+        assert_eq!(err.matches(&missing_text).count(), 1, "{err}");
+        assert!(err.contains(&format!("; in {}:", other.display())), "{err}");
         Ok(())
     }
 
