@@ -664,6 +664,20 @@ def test_calib_stats_total_is_checked():
     with pytest.raises(fq.ShapeMismatchError, match=r"batches\[1\].*added up to 11 values"):
         fq.CalibStats.collect([np.ones(10, np.float32), np.arange(5, dtype=np.float32).view(Lying)])
 
+    # Shapes that are no shapes are named too, not left to Python's arithmetic.
+    class Shaped:
+        def __init__(self, shape):
+            self.shape = shape
+
+        def __array__(self, dtype=None, copy=None):
+            return np.ones(3, np.float32)
+
+    for shape in ((2.5,), (-5,)):
+        with pytest.raises(TypeError, match=r"batches\[1\] must be a floating array"):
+            fq.CalibStats.collect([np.ones(3, np.float32), Shaped(shape)])
+    with pytest.raises(fq.ShapeMismatchError, match=r"more than 2\*\*64 - 1"):
+        fq.CalibStats.collect((Shaped((2**40, 2**40)),))
+
 
 def test_calib_stats_errors():
     with pytest.raises(fq.NonFiniteError) as e:

@@ -10,6 +10,7 @@ sorted ``|x|``, found by O(n) selection.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -648,9 +649,12 @@ def _suggested_scale(p99: float, max_abs: float) -> float:
 
 def _size(batch: Any, k: int) -> int:
     try:
-        return math.prod(np.shape(batch))
-    except ValueError as e:  # ragged nested lists
+        dims = [operator.index(d) for d in np.shape(batch)]
+    except (TypeError, ValueError) as e:  # ragged nested lists; a shape of non-integers
         raise TypeError(f"batches[{k}] must be a floating array: {e}") from None
+    if any(d < 0 for d in dims):
+        raise TypeError(f"batches[{k}] must be a floating array, got shape {tuple(dims)}")
+    return math.prod(dims)
 
 
 def _total(total: Any) -> Optional[int]:
@@ -678,6 +682,11 @@ def _collect(batches: Any, total: Any = None) -> CalibStats:
     announced = _total(total)
     if announced is None and isinstance(batches, (list, tuple)):
         announced = sum(_size(b, k) for k, b in enumerate(batches))
+        if announced >= 2**64:  # only shapes that lie can add up to that
+            raise ShapeMismatchError(
+                f"batches: the shapes of the {type(batches).__name__}'s batches add up to "
+                f"{announced} values, more than 2**64 - 1"
+            )
     acc = _native.CalibAccumulator(announced, None if announced is not None else _spill_dir())
     try:
         for k, batch in enumerate(batches):
