@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import struct
@@ -123,6 +124,23 @@ def test_params_reach_the_quantizer(tmp_path, model):
     r = cli("quantize", str(model), "-o", str(out), "-p", "block_size=16", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert fq.load(out)["conv.weight"].block_size == 16
+    # Python's spellings of numbers count as numbers (JSON's alone read 1_000 and
+    # inf as strings); names stay strings.
+    r = cli("quantize", str(model), "-o", str(out), "-p", "block_size=1_6", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert fq.load(out)["conv.weight"].block_size == 16
+    from ferroquant.cli import _param
+
+    read = {t: _param(f"k={t}")[2] for t in ("+2", ".5", "-inf", "0x10", "float32", "")}
+    assert read == {
+        "+2": 2,
+        ".5": 0.5,
+        "-inf": -math.inf,
+        "0x10": "0x10",
+        "float32": "float32",
+        "": "",
+    }
+    assert type(read["+2"]) is int and math.isnan(_param("k=nan")[2])
     r = cli("quantize", str(model), "-o", str(out), "--scheme", "int8", "-p", "bits=4")
     assert r.returncode == 1 and "does not take bits" in r.stderr
     # A value given twice was settled by whichever came last, without a word.

@@ -426,18 +426,19 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _param(text: str) -> Tuple[str, str, Any]:
     """``KEY=VALUE`` as (KEY as typed, KEY with ``-`` read as ``_``, VALUE read as JSON
-    when it parses (``64``, ``true``), else as a Python float when it is one (``inf``,
-    ``nan``, ``.5``, ``+1``: JSON takes only ``Infinity`` and ``NaN``), else a string)."""
+    when it parses (``64``, ``true``), else as a Python int or float when it is one
+    (``+1``, ``1_000``, ``.5``, ``inf``, ``nan``: JSON takes only ``Infinity`` and
+    ``NaN``), else a string)."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except ValueError:
+    value: Any = raw
+    for read in (json.loads, int, float):
         try:
-            value = float(raw)
+            value = read(raw)
+            break
         except ValueError:
-            value = raw
+            continue
     return key, key.replace("-", "_"), value
 
 
