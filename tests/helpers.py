@@ -10,6 +10,15 @@ import sys
 import textwrap
 from typing import Optional
 
+import numpy as np
+
+
+def string_array(values) -> np.ndarray:
+    """Strings as NumPy 2's variable-width ``StringDType`` (a new-style dtype), or as
+    fixed-width ``U`` strings on NumPy 1, which has no such dtype."""
+    dtype = getattr(getattr(np, "dtypes", None), "StringDType", None)
+    return np.array(values, dtype=dtype() if dtype is not None else None)
+
 
 def run_python(code: str, env_extra=None, timeout=120) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (anything that may hang or crash)."""

@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
-from helpers import cli, craft, run_python
+from helpers import cli, craft, run_python, string_array
 
 import ferroquant as fq
 from ferroquant import _format
@@ -1316,7 +1316,7 @@ def test_array_subclasses_are_held_as_plain_arrays():
 
 
 def test_new_style_dtypes_and_ragged_lists_get_errors_naming_the_argument():
-    strings = np.array(["1", "2"], dtype=np.dtypes.StringDType())
+    strings = string_array(["1", "2"])
     with pytest.raises(TypeError, match="bits must be a uint16"):
         fq.fp16_bits_to_fp32(strings)
     with pytest.raises(TypeError, match="scales must be a float16 or float32"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import string_array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -173,7 +174,7 @@ def test_errors_name_the_argument_and_change_nothing():
     with pytest.raises(TypeError, match="weight_scales must be a floating array"):
         fq.w8a8_matvec(w, s.astype(np.int32), x)
     with pytest.raises(TypeError, match="weight_scales must be a floating array"):
-        fq.w8a8_matvec(w, np.array(["1", "2"], dtype=np.dtypes.StringDType()), x)
+        fq.w8a8_matvec(w, string_array(["1", "2"]), x)
     with pytest.raises(TypeError, match="activation"):
         fq.w8a8_matvec(w, s, np.ones(3, np.int32))
     with pytest.raises(fq.NonFiniteError, match="activation") as e:
