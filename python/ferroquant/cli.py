@@ -424,6 +424,11 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 layer``, ``2 layers``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _param(text: str) -> Tuple[str, str, Any]:
     """``KEY=VALUE`` as (KEY as typed, KEY with ``-`` read as ``_``, VALUE read as JSON
     when it parses (``64``, ``true``), else as a Python int or float when it is one
@@ -915,7 +920,7 @@ def _quantize_json(
         shown = ", ".join(_shown(n) for n in left[:8]) + (" ..." if len(left) > 8 else "")
         print(f"\nnot in the JSON model (not a weight of rank >= 2 or its bias): {shown}")
     print(
-        f"\n{_path_shown(src.name)}: {len(layers)} layers quantized with ptq-int8 into "
+        f"\n{_path_shown(src.name)}: {_count(len(layers), 'layer')} quantized with ptq-int8 into "
         "seed 004's JSON, "
         f"{len(biases)} with bias; {_fmt_bytes(in_bytes)} -> {_fmt_bytes(out_bytes)} held "
         f"({model.compression_ratio():.2f}x by the seed's count) in {elapsed:.2f} s "
@@ -1252,7 +1257,7 @@ def _inspect_json(model: QuantizedModel) -> int:
     ]
     print(_table(rows, ["layer", "shape", "scale", "bias", "bytes"]))
     print(
-        f"\n{len(rows)} layers, scheme {model.scheme!r}, {model.total_quantized_bytes} "
+        f"\n{_count(len(rows), 'layer')}, scheme {model.scheme!r}, {model.total_quantized_bytes} "
         f"quantized bytes of {model.total_fp32_bytes} float32 ({model.compression_ratio():.2f}x)"
     )
     return 0
@@ -1288,7 +1293,7 @@ def _inspect(reader: TensorReader) -> int:
                     _shown(name),
                     value.label,
                     "/".join(dtypes),
-                    f"{len(value.layers)} layers",
+                    f"{_count(len(value.layers), 'layer')}",
                     _fmt_bytes(value.nbytes),
                     _ratio(source, value.nbytes),
                 ]
@@ -1310,7 +1315,7 @@ def _inspect(reader: TensorReader) -> int:
             total += value.nbytes
     print(_table(rows, ["tensor", "kind", "dtype", "shape", "bytes", "ratio"]))
     extra = {k: v for k, v in reader.metadata.items() if not k.startswith("ferroquant:")}
-    print(f"\n{len(rows)} tensors, {_fmt_bytes(total)}; metadata: {extra or '{}'}")
+    print(f"\n{_count(len(rows), 'tensor')}, {_fmt_bytes(total)}; metadata: {extra or '{}'}")
     return 0
 
 
@@ -1326,7 +1331,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
         done = lambda: _committed(out)  # noqa: E731
         with StreamingWriter(out, {}, replace=not args.no_clobber, on_done=done) as writer:
             n = _add_model(writer, model)
-        print(f"dequantized {n} layers into {_path_shown(out)}")
+        print(f"dequantized {_count(n, 'layer')} into {_path_shown(out)}")
         return 0
     with TensorReader(src) as reader:
         return _dequantize(reader, out, not args.no_clobber)
@@ -1407,7 +1412,7 @@ def _dequantize(reader: TensorReader, out: Path, replace: bool = True) -> int:
             "array(s) were copied as they are",
             file=sys.stderr,
         )
-    print(f"dequantized {n} tensors into {_path_shown(out)}")
+    print(f"dequantized {_count(n, 'tensor')} into {_path_shown(out)}")
     return 0
 
 
