@@ -686,6 +686,21 @@ SETTINGS = [
 ]
 
 
+def test_statistics_without_arrays_are_hashable_by_value():
+    # Frozen dataclasses of floats: hashable as such, consistent with ==.
+    cal = fq.LayerCalibration("l", -1.0, 2.0, -1.0, 1.0)
+    stats = fq.CalibStats.collect([np.array([1.0, -2.0, 0.5], np.float32)])
+    for value, same, other in (
+        (cal, fq.LayerCalibration("l", -1.0, 2.0, -1.0, 1.0), dataclasses.replace(cal, w_max=3.0)),
+        (stats, fq.CalibStats.from_bytes(stats.to_bytes()), dataclasses.replace(stats, max=4.0)),
+    ):
+        assert hash(value) == hash(same) and {value: 1}[same] == 1
+        assert value != other and len({value, same, other}) == 2
+    # -0.0 == 0.0, so they hash alike.
+    zero = fq.LayerCalibration("z", 0.0, 0.0, -1.0, 1.0)
+    assert hash(zero) == hash(fq.LayerCalibration("z", -0.0, 0.0, -1.0, 1.0))
+
+
 @pytest.mark.parametrize("value", SETTINGS, ids=lambda v: type(v).__name__)
 def test_settings_and_stats_dataclasses_serialize_too(value, tmp_path):
     # SPEC §6: every dataclass has to_bytes / from_bytes; they stay hashable.

@@ -313,6 +313,13 @@ class Quantized(Record):
         return True
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays: equal by value, not hashable
+
+    def _field_hash(self) -> int:
+        """``__hash__`` for a value that holds no arrays: its compared fields, as ``==``
+        reads them (a subclass sets ``__hash__ = Quantized._field_hash``)."""
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        return hash((type(self), *(getattr(self, f.name) for f in fields if f.compare)))
+
     # NumPy defers to this class in `array == value` (no elementwise comparison).
     __array_ufunc__ = None
 

@@ -534,6 +534,8 @@ class CalibStats(Quantized):
 
     scheme: ClassVar[str] = "calib-stats"
     _arrays: ClassVar[Tuple[str, ...]] = ()
+    # No arrays: hashable, as a frozen dataclass is.
+    __hash__ = Quantized._field_hash  # type: ignore[assignment]
     _params: ClassVar[Tuple[str, ...]] = (
         "min",
         "max",

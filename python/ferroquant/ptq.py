@@ -135,6 +135,8 @@ class LayerCalibration(Quantized):
 
     scheme: ClassVar[str] = "ptq-calibration"
     _arrays: ClassVar[Tuple[str, ...]] = ()
+    # No arrays: hashable, as a frozen dataclass is.
+    __hash__ = Quantized._field_hash  # type: ignore[assignment]
     _params: ClassVar[Tuple[str, ...]] = ("name", "w_min", "w_max", "act_min", "act_max")
 
     def __post_init__(self) -> None:
