@@ -428,7 +428,7 @@ def test_layer_calibration_values_are_float32():
 def test_weights_dataclass_surface(rng):
     w = rng.standard_normal((8, 5)).astype(F32)
     qw = fq.QuantizedWeights.from_f32("fc", w, bias=np.ones(8, F32))
-    assert qw.nbytes == 40 + 32
+    assert qw.nbytes == 40 + 4 + 32  # codes, the float32 scale, the bias
     assert qw.values().shape == (8, 5) and qw.numel() == 40
     assert "QuantizedWeights(shape=(8, 5)" in repr(qw) and "fc" in repr(qw)
     assert not qw.weights_i8.flags.writeable

@@ -325,6 +325,11 @@ class QuantizedWeights(Quantized):
         )
         return flat.reshape(self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the codes, the float32 scale (a field, not an array) and the bias."""
+        return super().nbytes + 4
+
     def size_bytes(self) -> int:
         """Bytes of the codes (the seed's count: one a weight; the bias is not counted)."""
         return self.numel()
@@ -438,7 +443,7 @@ class QuantizedModel(Quantized):
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by every layer's codes and biases."""
+        """Bytes held by every layer's codes, scales and biases."""
         return sum(layer.nbytes for layer in self.layers)
 
     def compression_ratio(self) -> float:
