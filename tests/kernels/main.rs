@@ -8,6 +8,7 @@ mod rng;
 mod affine;
 mod api;
 mod blockwise;
+mod bounds;
 mod dynamic;
 mod f16bits;
 mod linear;
