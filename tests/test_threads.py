@@ -255,6 +255,50 @@ def test_forked_child_gets_its_own_pool():
     assert out.stdout.split() == ["child", "0", "parent", "True"]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_daemon_threads_inside_kernels_at_exit_do_not_abort_the_process(threads):
+    """Before Python 3.14 a thread that re-takes the GIL while the interpreter
+    finalizes is ended by a forced unwind, which through a kernel's frames
+    aborted the process ("FATAL: exception not rethrown", status 134). Such
+    threads now park instead, and the program's own exit status stands. An
+    atexit handler of the main thread (registered before the import, so it
+    runs after ours) still gets its kernel's result."""
+    code = f"""
+        import atexit, sys, threading
+        import numpy as np
+
+        def last_words():
+            print("atexit", fq.quantize_blockwise(np.ones(100, np.float32)).data[0])
+
+        atexit.register(last_words)
+        import ferroquant as fq
+        fq.set_num_threads({threads})
+        x = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32)
+        bad = x.copy()
+        bad[7] = np.nan
+
+        def spin(i):
+            while True:
+                if i == 0:
+                    try:
+                        fq.quantize_blockwise(bad)   # its error is built by Python code
+                    except fq.NonFiniteError:
+                        pass
+                else:
+                    fq.dequantize_blockwise(fq.quantize_blockwise(x))
+
+        for i in range(4):
+            threading.Thread(target=spin, args=(i,), daemon=True).start()
+        print("exiting", flush=True)
+        sys.exit(3)
+    """
+    for _ in range(4):
+        out = run_python(code, timeout=60)
+        assert out.returncode == 3, (out.returncode, out.stderr[-2000:])
+        assert out.stdout.split() == ["exiting", "atexit", "127"], out.stdout
+        assert "FATAL" not in out.stderr, out.stderr
+
+
 def test_multiprocessing_fork_pool_works():
     code = """
         import multiprocessing as mp

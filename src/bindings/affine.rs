@@ -3,6 +3,7 @@
 
 use super::arrays::{exact, output, output_named, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
+use super::gil::Detach;
 use crate::ops::affine::{self as af, num_groups, Bits, Codes, CodesMut, QuantConfig};
 use crate::ops::pack::packed_len;
 use crate::Float;
@@ -42,7 +43,7 @@ pub(crate) fn quantize_affine<'py>(
                 let d = output::<i8>(py, xs.len())?;
                 let mut dw = writable(&d)?;
                 let ds = dw.as_slice_mut()?;
-                py.detach(|| af::quantize(xs, &shape, &config, CodesMut::Int8(ds), ss, zs))
+                py.detached(|| af::quantize(xs, &shape, &config, CodesMut::Int8(ds), ss, zs))
                     .map_err(|e| to_pyerr(py, e))?;
                 d.into_any()
             }
@@ -50,7 +51,7 @@ pub(crate) fn quantize_affine<'py>(
                 let d = output::<u8>(py, packed_len(xs.len()))?;
                 let mut dw = writable(&d)?;
                 let ds = dw.as_slice_mut()?;
-                py.detach(|| af::quantize(xs, &shape, &config, CodesMut::Int4(ds), ss, zs))
+                py.detached(|| af::quantize(xs, &shape, &config, CodesMut::Int4(ds), ss, zs))
                     .map_err(|e| to_pyerr(py, e))?;
                 d.into_any()
             }
@@ -72,7 +73,7 @@ fn dequantize_into<'py, O: Float + Element>(
     {
         let mut ow = writable(&out)?;
         let os = ow.as_slice_mut()?;
-        py.detach(|| af::dequantize(codes, shape, config, scales, zps, os))
+        py.detached(|| af::dequantize(codes, shape, config, scales, zps, os))
             .map_err(|e| to_pyerr(py, e))?;
     }
     Ok(out.into_any())

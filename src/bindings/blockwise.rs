@@ -4,6 +4,7 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::{dtype_error, to_pyerr};
+use super::gil::Detach;
 use crate::ops::blockwise::{self as bw, num_blocks, Scales, ScalesMut};
 use crate::Float;
 use half::f16;
@@ -45,7 +46,7 @@ fn blockwise_into<'py, T: Float, S: Element>(
     let mut sw = writable(&scales)?;
     let (cs, ss) = (cw.as_slice_mut()?, sw.as_slice_mut()?);
     let report = py
-        .detach(|| bw::quantize_blockwise(xs, block_size, cs, wrap(ss)))
+        .detached(|| bw::quantize_blockwise(xs, block_size, cs, wrap(ss)))
         .map_err(|e| to_pyerr(py, e))?;
     Ok((scales.into_any(), report.lossy_blocks))
 }
@@ -72,12 +73,12 @@ pub(crate) fn dequantize_blockwise<'py>(
         (b'f', 2) => {
             let s = exact::<f16>("scales", "float16 or float32", scales)?;
             let ss = s.as_slice()?;
-            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F16(ss), os))
+            py.detached(|| bw::dequantize_blockwise(cs, block_size, Scales::F16(ss), os))
         }
         (b'f', 4) => {
             let s = exact::<f32>("scales", "float16 or float32", scales)?;
             let ss = s.as_slice()?;
-            py.detach(|| bw::dequantize_blockwise(cs, block_size, Scales::F32(ss), os))
+            py.detached(|| bw::dequantize_blockwise(cs, block_size, Scales::F32(ss), os))
         }
         _ => {
             let got = scales

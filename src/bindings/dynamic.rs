@@ -4,6 +4,7 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
+use super::gil::Detach;
 use crate::ops::dynamic::{self as dq, DynCodes, DynCodesMut, DynFormat, ScaleMode};
 use crate::ops::pack::packed_len;
 use crate::ops::{bitnet, calib};
@@ -50,7 +51,7 @@ pub(crate) fn compute_scale(
         if xs.len() < 65536 {
             dq::compute_scale(xs, clip_val, mode)
         } else {
-            py.detach(|| dq::compute_scale(xs, clip_val, mode))
+            py.detached(|| dq::compute_scale(xs, clip_val, mode))
         }
     });
     scale.map(widen).map_err(|e| to_pyerr(py, e))
@@ -78,7 +79,7 @@ pub(crate) fn quantize_dynamic<'py>(
                 let d = output::<u8>(py, packed_len(xs.len()))?;
                 let mut dw = writable(&d)?;
                 let ds = dw.as_slice_mut()?;
-                py.detach(|| dq::dynamic_quantize(xs, &shape, fmt, mode, DynCodesMut::Int4(ds), ss))
+                py.detached(|| dq::dynamic_quantize(xs, &shape, fmt, mode, DynCodesMut::Int4(ds), ss))
                     .map_err(|e| to_pyerr(py, e))?;
                 d.into_any()
             }
@@ -86,7 +87,7 @@ pub(crate) fn quantize_dynamic<'py>(
                 let d = output::<i8>(py, xs.len())?;
                 let mut dw = writable(&d)?;
                 let ds = dw.as_slice_mut()?;
-                py.detach(|| dq::dynamic_quantize(xs, &shape, fmt, mode, DynCodesMut::Int8(ds), ss))
+                py.detached(|| dq::dynamic_quantize(xs, &shape, fmt, mode, DynCodesMut::Int8(ds), ss))
                     .map_err(|e| to_pyerr(py, e))?;
                 d.into_any()
             }
@@ -117,11 +118,11 @@ pub(crate) fn dequantize_groups<'py>(
         if int4 {
             let d = exact::<u8>("data", "uint8", data)?;
             let ds = d.as_slice()?;
-            py.detach(|| dq::dequantize_groups(DynCodes::Int4(ds), group, ss, os))
+            py.detached(|| dq::dequantize_groups(DynCodes::Int4(ds), group, ss, os))
         } else {
             let d = exact::<i8>("data", "int8", data)?;
             let ds = d.as_slice()?;
-            py.detach(|| dq::dequantize_groups(DynCodes::Int8(ds), group, ss, os))
+            py.detached(|| dq::dequantize_groups(DynCodes::Int8(ds), group, ss, os))
         }
         .map_err(|e| to_pyerr(py, e))?;
     }
@@ -150,7 +151,7 @@ pub(crate) fn quantize_bitnet<'py>(
         {
             let (mut cw, mut sw) = (writable(&codes)?, writable(&scales)?);
             let (cs, ss) = (cw.as_slice_mut()?, sw.as_slice_mut()?);
-            py.detach(|| bitnet::quantize_activations(xs, group, bits, cs, ss))
+            py.detached(|| bitnet::quantize_activations(xs, group, bits, cs, ss))
                 .map_err(|e| to_pyerr(py, e))?;
         }
         Ok((codes, scales))
@@ -175,7 +176,7 @@ pub(crate) fn fake_quantize_bitnet<'py>(
         {
             let mut ow = writable(&out)?;
             let os = ow.as_slice_mut()?;
-            py.detach(|| bitnet::fake_quantize_activations(xs, group, bits, os))
+            py.detached(|| bitnet::fake_quantize_activations(xs, group, bits, os))
                 .map_err(|e| to_pyerr(py, e))?;
         }
         Ok(out)
@@ -202,13 +203,13 @@ pub(crate) fn quantization_mae(
     if int4 {
         let d = exact::<u8>("data", "uint8", data)?;
         let ds = d.as_slice()?;
-        with_float_slice!(x, xs => py.detach(|| {
+        with_float_slice!(x, xs => py.detached(|| {
             dq::quantization_mae_codes(xs, DynCodes::Int4(ds), n, group, ss)
         }))
     } else {
         let d = exact::<i8>("data", "int8", data)?;
         let ds = d.as_slice()?;
-        with_float_slice!(x, xs => py.detach(|| {
+        with_float_slice!(x, xs => py.detached(|| {
             dq::quantization_mae_codes(xs, DynCodes::Int8(ds), n, group, ss)
         }))
     }
@@ -252,7 +253,7 @@ impl CalibAccumulator {
             pyo3::exceptions::PyRuntimeError::new_err("the accumulator is finished")
         })?;
         let x = FloatArray::extract("batch", batch)?;
-        with_float_slice!(x, xs => py.detach(|| acc.push(xs))).map_err(|e| to_pyerr(py, e))
+        with_float_slice!(x, xs => py.detached(|| acc.push(xs))).map_err(|e| to_pyerr(py, e))
     }
 
     /// Drop the state now (its temporary file too), not when the object goes:

@@ -65,14 +65,15 @@ pub(crate) fn to_pyerr(py: Python<'_>, err: QuantError) -> PyErr {
         ),
         _ => err.to_string(),
     };
-    let built = (|| -> PyResult<PyErr> {
+    // The classes are Python code, which may let another thread take the GIL.
+    let built = super::gil::may_release(py, || -> PyResult<PyErr> {
         let cls = classes(py)?[class as usize].bind(py);
         let exc = match err {
             QuantError::NonFinite { index, .. } => cls.call1((msg, index))?,
             _ => cls.call1((msg,))?,
         };
         Ok(PyErr::from_value(exc))
-    })();
+    });
     built.unwrap_or_else(|e| e)
 }
 

@@ -3,6 +3,7 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
+use super::gil::Detach;
 use crate::ops::f16bits;
 use numpy::PyArray1;
 use pyo3::prelude::*;
@@ -20,7 +21,7 @@ pub(crate) fn fp32_to_fp16_bits<'py>(
         {
             let mut ow = writable(&out)?;
             let os = ow.as_slice_mut()?;
-            py.detach(|| f16bits::float_to_fp16_bits(xs, os))
+            py.detached(|| f16bits::float_to_fp16_bits(xs, os))
                 .map_err(|e| to_pyerr(py, e))?;
         }
         Ok(out)
@@ -39,7 +40,7 @@ pub(crate) fn fp16_bits_to_fp32<'py>(
     {
         let mut ow = writable(&out)?;
         let os = ow.as_slice_mut()?;
-        py.detach(|| f16bits::fp16_bits_to_fp32(bs, os))
+        py.detached(|| f16bits::fp16_bits_to_fp32(bs, os))
             .map_err(|e| to_pyerr(py, e))?;
     }
     Ok(out)

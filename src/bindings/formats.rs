@@ -3,6 +3,7 @@
 
 use super::arrays::exact;
 use super::errors::{os_error, to_pyerr};
+use super::gil::Detach;
 use crate::error::QuantError;
 use crate::formats::safetensors_header::{parse_header, sort_metadata, sort_metadata_in_file};
 use crate::formats::spilled::{self, Spilled, WriteError};
@@ -26,7 +27,7 @@ pub(crate) fn parse_safetensors_header(
     max_ndim: usize,
 ) -> PyResult<Parsed> {
     let h = py
-        .detach(|| parse_header(header, file_len, max_ndim))
+        .detached(|| parse_header(header, file_len, max_ndim))
         .map_err(|e| to_pyerr(py, e))?;
     let tensors = h
         .tensors
@@ -61,7 +62,7 @@ impl SpillFile {
     #[new]
     fn new(py: Python<'_>, dir: PathBuf) -> PyResult<Self> {
         let inner = py
-            .detach(|| spilled::SpillFile::new_in(&dir))
+            .detached(|| spilled::SpillFile::new_in(&dir))
             .map_err(os_error)?;
         Ok(SpillFile { inner: Some(inner) })
     }
@@ -71,7 +72,7 @@ impl SpillFile {
         let d = exact::<u8>("data", "uint8", data)?;
         let bytes = d.as_slice()?;
         let inner = self.open()?;
-        py.detach(|| inner.append(bytes)).map_err(os_error)
+        py.detached(|| inner.append(bytes)).map_err(os_error)
     }
 
     /// Write the safetensors file `path` from `tensors` and `metadata`.
@@ -94,7 +95,7 @@ impl SpillFile {
             })
             .collect();
         let inner = self.open()?;
-        py.detach(|| inner.write_safetensors(&tensors, metadata, &path))
+        py.detached(|| inner.write_safetensors(&tensors, metadata, &path))
             .map_err(|e| match e {
                 WriteError::Io(e) => os_error(e),
                 WriteError::OutOfMemory(_) => {
@@ -128,7 +129,8 @@ fn sort_safetensors_metadata(py: Python<'_>, header: &[u8]) -> Option<Py<PyBytes
 /// `sort_safetensors_metadata` on the file at `path`, in place.
 #[pyfunction]
 fn sort_safetensors_metadata_file(py: Python<'_>, path: PathBuf) -> PyResult<()> {
-    py.detach(|| sort_metadata_in_file(&path)).map_err(os_error)
+    py.detached(|| sort_metadata_in_file(&path))
+        .map_err(os_error)
 }
 
 /// Register these functions.

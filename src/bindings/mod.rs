@@ -13,6 +13,7 @@ mod dynamic;
 mod errors;
 mod f16bits;
 mod formats;
+mod gil;
 mod ptq;
 mod recycle;
 mod runtime;

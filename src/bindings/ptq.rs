@@ -4,6 +4,7 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::{os_error, to_pyerr};
+use super::gil::Detach;
 use crate::ops::ptq::{self, QuantizedModel, QuantizedModelRef, QuantizedWeightsRef};
 use crate::simd::fpenv::{narrow, widen};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArrayDyn};
@@ -25,7 +26,7 @@ pub(crate) fn ptq_quantize<'py>(
         let s = {
             let mut cw = writable(&codes)?;
             let cs = cw.as_slice_mut()?;
-            py.detach(|| ptq::quantize_weights(ws, scale, cs)).map_err(|e| to_pyerr(py, e))?
+            py.detached(|| ptq::quantize_weights(ws, scale, cs)).map_err(|e| to_pyerr(py, e))?
         };
         Ok((codes, widen(s)))
     })
@@ -35,7 +36,7 @@ pub(crate) fn ptq_quantize<'py>(
 #[pyfunction]
 pub(crate) fn ptq_range(py: Python<'_>, w: &Bound<'_, PyAny>) -> PyResult<(f64, f64)> {
     let w = FloatArray::extract("w", w)?;
-    with_float_slice!(w, ws => py.detach(|| ptq::weight_range(ws)))
+    with_float_slice!(w, ws => py.detached(|| ptq::weight_range(ws)))
         .map(|(lo, hi)| (widen(lo), widen(hi)))
         .map_err(|e| to_pyerr(py, e))
 }
@@ -97,13 +98,13 @@ pub(crate) fn ptq_write_json<'py>(
     match path {
         None => {
             let mut buf = Vec::new();
-            py.detach(|| model.write_json(&mut buf))
+            py.detached(|| model.write_json(&mut buf))
                 .map_err(|e| to_pyerr(py, e))?;
             Ok(Some(PyBytes::new(py, &buf)))
         }
         Some(path) => {
             let written = py
-                .detach(|| -> std::io::Result<crate::Result<()>> {
+                .detached(|| -> std::io::Result<crate::Result<()>> {
                     let file = std::fs::File::create(&path)?;
                     let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
                     let r = model.write_json(&mut w);
@@ -125,7 +126,7 @@ type ModelParts<'py> = (String, String, usize, usize, Bound<'py, PyList>);
 #[pyfunction]
 pub(crate) fn ptq_read_json<'py>(py: Python<'py>, data: &[u8]) -> PyResult<ModelParts<'py>> {
     let model = py
-        .detach(|| QuantizedModel::from_json(data))
+        .detached(|| QuantizedModel::from_json(data))
         .map_err(|e| to_pyerr(py, e))?;
     let layers = PyList::empty(py);
     for l in model.layers {

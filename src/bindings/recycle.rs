@@ -162,7 +162,8 @@ fn zeros<'py>(
     let zeros = ZEROS.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
         Ok(py.import("numpy")?.getattr("zeros")?.unbind())
     })?;
-    zeros.bind(py).call1((n, descr))
+    // NumPy releases the GIL around its calloc (see gil.rs).
+    super::gil::may_release(py, || zeros.bind(py).call1((n, descr)))
 }
 
 /// [`zeros`], and if NumPy cannot allocate, once more after letting go of

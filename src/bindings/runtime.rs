@@ -1,9 +1,11 @@
 //! Threads, instruction set and environment configuration.
 
 use super::errors::to_pyerr;
+use super::gil::Detach;
 use crate::parallel;
 use crate::simd::Isa;
 use pyo3::prelude::*;
+use pyo3::types::IntoPyDict;
 
 /// Set the number of threads kernels use (1..=MAX_THREADS).
 #[pyfunction]
@@ -22,7 +24,7 @@ pub(crate) fn get_num_threads() -> usize {
 #[pyfunction]
 pub(crate) fn _hold_pool_lock(py: Python<'_>, seconds: f64) {
     let d = std::time::Duration::from_secs_f64(seconds.clamp(0.0, 10.0));
-    py.detach(|| parallel::hold_pool_lock_for(d));
+    py.detached(|| parallel::hold_pool_lock_for(d));
 }
 
 /// The instruction set the kernels run on (`"avx512"`, `"avx2"` or `"scalar"`).
@@ -83,7 +85,7 @@ pub(crate) fn to_float32<'py>(
         {
             let mut ow = super::arrays::writable(&out)?;
             let os = ow.as_slice_mut()?;
-            py.detach(|| crate::element::to_f32_pinned(xs, os));
+            py.detached(|| crate::element::to_f32_pinned(xs, os));
         }
         Ok(out)
     })
@@ -107,5 +109,26 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(get_output_cache, m)?)?;
     m.add_function(wrap_pyfunction!(output_cache_usage, m)?)?;
+    // Not module attributes: only `atexit` and `os` hold them (see gil.rs).
+    let py = m.py();
+    let exiting = wrap_pyfunction!(interpreter_exiting, m)?;
+    py.import("atexit")?.call_method1("register", (exiting,))?;
+    let kwargs = [("after_in_child", wrap_pyfunction!(forked_child, m)?)].into_py_dict(py)?;
+    py.import("os")?
+        .getattr("register_at_fork")?
+        .call((), Some(&kwargs))?;
     Ok(())
+}
+
+/// Run by `atexit`: keep daemon threads that are inside kernels from
+/// re-taking the GIL while the interpreter finalizes (see gil.rs).
+#[pyfunction]
+fn interpreter_exiting(py: Python<'_>) {
+    super::gil::interpreter_exiting(py);
+}
+
+/// Run by `os.fork()` in the child (see gil.rs).
+#[pyfunction]
+fn forked_child() {
+    super::gil::forked_child();
 }

@@ -3,6 +3,7 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
+use super::gil::Detach;
 use crate::ops::smooth::{self as sm, SmoothQuantConfig};
 use crate::simd::fpenv::narrow;
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
@@ -31,7 +32,7 @@ pub(crate) fn compute_smooth_factors<'py>(
         let os = ow.as_slice_mut()?;
         with_float_slice!(a, av => {
             with_float_slice!(w, wv => {
-                py.detach(|| sm::compute_smooth_factors_into(av, wv, cols, &config, os))
+                py.detached(|| sm::compute_smooth_factors_into(av, wv, cols, &config, os))
             })
         })
         .map_err(|e| to_pyerr(py, e))?;
@@ -71,7 +72,7 @@ pub(crate) fn smooth_in_place(
     } else {
         rw.as_slice_mut()?
     };
-    py.detach(|| {
+    py.detached(|| {
         if multiply {
             sm::smooth_weights(xs, ss)
         } else {

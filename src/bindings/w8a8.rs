@@ -4,6 +4,7 @@
 
 use super::arrays::{exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
+use super::gil::Detach;
 use crate::ops::linear::{self, DequantDtype, QuantizedWeight, WeightCodes};
 use crate::ops::w8a8::{w8a8_matmul_with, Batch};
 use numpy::PyArray1;
@@ -41,7 +42,7 @@ pub(crate) fn w8a8_product<'py>(
             let (cs, os) = (cw.as_slice_mut()?, ow.as_slice_mut()?);
             let shape = [out_features, in_features];
             let isa = crate::simd::Isa::detected();
-            py.detach(|| w8a8_matmul_with(isa, wv, shape, wsv, xs, batch, cs, os))
+            py.detached(|| w8a8_matmul_with(isa, wv, shape, wsv, xs, batch, cs, os))
                 .map_err(|e| to_pyerr(py, e))?;
         }
         Ok(out)
@@ -107,7 +108,7 @@ pub(crate) fn linear_forward<'py>(
         let mut ow = writable(&out)?;
         let os = ow.as_slice_mut()?;
         with_float_slice!(xa, xs => {
-            py.detach(|| linear::linear_forward_from(&w, xs, tokens, bs, os))
+            py.detached(|| linear::linear_forward_from(&w, xs, tokens, bs, os))
                 .map_err(|e| to_pyerr(py, e))?;
         });
     }
