@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 /// Raised by [`interpreter_exiting`].
 static EXITING: AtomicBool = AtomicBool::new(false);
-/// Threads past the check that may re-take the GIL, and do not hold it yet.
+/// Threads past the check that may yet re-take the GIL: on their way back from
+/// a kernel, or inside a call that may release it.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 /// The thread that runs the `atexit` callbacks: it finalizes, so it may always
 /// re-take the GIL (callbacks registered before ours may still call kernels).
