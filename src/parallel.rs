@@ -64,6 +64,42 @@ static ENV_CACHE: AtomicUsize = AtomicUsize::new(0);
 static BIND_CACHE: AtomicUsize = AtomicUsize::new(0);
 /// A thread count whose pool could not be built (the OS refused threads); 0 if none.
 static FAILED: AtomicUsize = AtomicUsize::new(0);
+/// The process one of whose threads is building a pool (0: none). One builder
+/// at a time: without it, every thread whose first call raced the others
+/// built a whole pool of its own, and all but one were thrown away (32 first
+/// calls at 64 threads peaked at up to 762 OS threads).
+static BUILDING: AtomicU32 = AtomicU32::new(0);
+
+/// The claim to build a pool, released when dropped.
+struct Building;
+
+impl Building {
+    /// Claim the build for this process, or `None` if another of its threads
+    /// holds it. A claim copied from the parent by `fork()` (its builder does
+    /// not exist here) is taken over.
+    fn claim(pid: u32) -> Option<Building> {
+        loop {
+            match BUILDING.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(Building),
+                Err(holder) if holder == pid => return None,
+                Err(holder) => {
+                    if BUILDING
+                        .compare_exchange(holder, pid, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Some(Building);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Building {
+    fn drop(&mut self) {
+        BUILDING.store(0, Ordering::Release);
+    }
+}
 
 /// The live pool: the process that built it, its size, the pool.
 type Live = Option<(u32, usize, Arc<ThreadPool>)>;
@@ -259,6 +295,9 @@ fn pool() -> Option<Arc<ThreadPool>> {
             return Some(Arc::clone(p));
         }
     }
+    // One builder at a time; a call that finds another thread building runs
+    // on its own thread, which gives the same results.
+    let _building = Building::claim(pid)?;
     // Spawn the workers with no lock held (see the module docs on fork).
     let built = match build_pool(want, bind_threads()) {
         Ok(p) => Arc::new(p),

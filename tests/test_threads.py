@@ -299,6 +299,46 @@ def test_daemon_threads_inside_kernels_at_exit_do_not_abort_the_process(threads)
         assert "FATAL" not in out.stderr, out.stderr
 
 
+def test_racing_first_calls_build_one_pool():
+    """Threads whose first large call races the others used to build a whole pool
+    each (all but one thrown away): 32 callers at 64 threads peaked at up to 762
+    OS threads. One builds now; the others run that call on their own thread."""
+    code = """
+        import os, threading, time
+        import numpy as np, ferroquant as fq
+        x = np.random.default_rng(0).standard_normal(1 << 19).astype(np.float32)
+        want = fq.quantize_blockwise(x)
+        fq.set_num_threads(64)
+        go = threading.Barrier(33)
+        peak, done, same = [0], threading.Event(), []
+        def call():
+            go.wait()
+            same.append(fq.quantize_blockwise(x) == want)
+        def watch():
+            while not done.is_set():
+                peak[0] = max(peak[0], len(os.listdir("/proc/self/task")))
+                time.sleep(0.0002)
+        w = threading.Thread(target=watch)
+        w.start()
+        ts = [threading.Thread(target=call) for _ in range(32)]
+        for t in ts:
+            t.start()
+        go.wait()
+        for t in ts:
+            t.join()
+        done.set()
+        w.join()
+        print(peak[0], all(same) and len(same) == 32)
+    """
+    for _ in range(3):
+        out = run_python(code, timeout=120)
+        assert out.returncode == 0, out.stderr
+        peak, ok = out.stdout.split()
+        assert ok == "True"
+        # 32 callers, the watcher, main and one pool of 64 (and a little slack).
+        assert int(peak) <= 32 + 2 + 64 + 4, peak
+
+
 def test_multiprocessing_fork_pool_works():
     code = """
         import multiprocessing as mp
