@@ -94,9 +94,10 @@ impl Detach for Python<'_> {
     }
 }
 
-/// Run `f`, a call into NumPy that may release and re-take the GIL itself, so
-/// that an exiting interpreter waits for it (or, once it is exiting, park
-/// without the GIL instead of calling it).
+/// Run `f`, a call that may release and re-take the GIL itself (NumPy's
+/// `zeros`, or Python code such as our exception classes), so that an exiting
+/// interpreter waits for it (or, once it is exiting, park without the GIL
+/// instead of calling it).
 pub(crate) fn may_release<T>(py: Python<'_>, f: impl FnOnce() -> T) -> T {
     if !take_off() {
         py.detach(|| -> () { park_forever() });
