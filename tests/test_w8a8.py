@@ -186,6 +186,28 @@ def test_errors_name_the_argument_and_change_nothing():
     with pytest.raises(fq.NonFiniteError, match="activations") as e:
         fq.w8a8_matmul(w, s, np.array([[1.0, 2.0, 3.0], [0.0, 0.0, -np.inf]], np.float32))
     assert e.value.index == 5
+    # A float64 value past float32's range is named with its own value, for either
+    # argument (the scales' message once quoted the activation's value at that index).
+    big = np.array([1.0, 1e300])
+    for call, arg, value, index in (
+        (lambda: fq.w8a8_matvec(w, big, x.astype(np.float64)), "weight_scales", 1e300, 1),
+        (lambda: fq.w8a8_matmul(w, big, np.ones((2, 3))), "weight_scales", 1e300, 1),
+        (lambda: fq.w8a8_matvec(w, s, np.array([1.0, 2.0, -1e300])), "activation", -1e300, 2),
+        (
+            lambda: fq.w8a8_matmul(w, big[:1].repeat(2), np.array([[1.0, 1e39, 0.0]])),
+            "activations",
+            1e39,
+            1,
+        ),
+    ):
+        with pytest.raises(fq.NonFiniteError) as e:
+            call()
+        said = f"{arg} holds {value!r} at flat index {index}, beyond float32's range"
+        assert str(e.value).startswith(said)
+        assert e.value.index == index
+    with pytest.raises(fq.NonFiniteError, match=r"^weight_scales holds a non-finite value") as e:
+        fq.w8a8_matvec(w, np.array([1.0, np.nan]), x.astype(np.float64))
+    assert e.value.index == 1
     with pytest.raises(fq.EmptyInputError, match="in_features"):
         fq.w8a8_matmul(np.zeros((2, 0), np.int8), s, np.zeros((3, 0), np.float32))
     with pytest.raises(fq.ShapeMismatchError, match="activations"):

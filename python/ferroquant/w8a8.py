@@ -9,7 +9,7 @@ products); AVX-512 VNNI's ``vpdpbusd`` computes it where the CPU has it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Tuple
 
 import numpy as np
 
@@ -33,17 +33,23 @@ def _weight(weight_i8: Any) -> np.ndarray:
     return weight_i8 if weight_i8.flags.c_contiguous else np.ascontiguousarray(weight_i8)
 
 
-def _scales(weight_scales: Any, out_f: int) -> np.ndarray:
-    """The scales as float32, one per output row, or TypeError / ShapeMismatchError.
-    Any float dtype, byte order or layout is read through one float32 copy (values
-    rounded to float32, as the kernel multiplies in float32); float32 in C order is
-    used in place."""
+def _scales(weight_scales: Any, out_f: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The scales as given (for messages) and as float32, one per output row, or
+    TypeError / ShapeMismatchError. Any float dtype, byte order or layout is read
+    through one float32 copy (values rounded to float32, as the kernel multiplies
+    in float32); float32 in C order is used in place."""
     s = float_input(weight_scales, "weight_scales")
     if s.shape != (out_f,):
         raise ShapeMismatchError(
             f"weight_scales: expected shape ({out_f},) (one scale per output row), got {s.shape}"
         )
-    return to_float32(s)
+    return s, to_float32(s)
+
+
+def _non_finite(e: NonFiniteError, x_arg: str, x: np.ndarray, s: np.ndarray) -> NonFiniteError:
+    """``e``, saying "beyond float32's range" when the float64 value it names (of the
+    activation or of the scales, whichever ``e`` is about) is finite."""
+    return beyond_f32(beyond_f32(e, x, only=x_arg), s, only="weight_scales")
 
 
 def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarray:
@@ -63,7 +69,7 @@ def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarr
     x = float_input(activation, "activation")
     w = _weight(weight_i8)
     out_f, in_f = w.shape
-    s = _scales(weight_scales, out_f)
+    given, s = _scales(weight_scales, out_f)
     if x.size == 0:
         raise EmptyInputError("activation is empty: expected at least one element")
     if x.ndim != 1 or x.shape[0] != in_f:
@@ -73,7 +79,7 @@ def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarr
     try:
         return _native.w8a8_product(w, out_f, in_f, s, x, None)
     except NonFiniteError as e:
-        raise beyond_f32(e, x) from None
+        raise _non_finite(e, "activation", x, given) from None
 
 
 def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndarray:
@@ -92,7 +98,7 @@ def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndar
     x = float_input(activations, "activations")
     w = _weight(weight_i8)
     out_f, in_f = w.shape
-    s = _scales(weight_scales, out_f)
+    given, s = _scales(weight_scales, out_f)
     if in_f == 0:
         raise EmptyInputError("activations are empty: in_features is 0")
     if x.ndim != 2 or x.shape[1] != in_f:
@@ -101,5 +107,5 @@ def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndar
     try:
         flat = _native.w8a8_product(w, out_f, in_f, s, x, tokens)
     except NonFiniteError as e:
-        raise beyond_f32(e, x) from None
+        raise _non_finite(e, "activations", x, given) from None
     return flat.reshape(tokens, out_f)
