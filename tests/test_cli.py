@@ -1478,6 +1478,38 @@ def test_a_signal_while_the_last_output_blocks_is_one_line_and_no_hang(model, tm
     assert err.splitlines() == [f"ferroquant: {said} ({out} written)"]
 
 
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_once_main_has_returned_does_not_kill_the_finished_run(model, tmp_path, signame):
+    # run() used to put the default actions back when main() returned: a signal in
+    # the moment before the process exited killed it without a word (status
+    # -signum), its output complete. Sent here right after main() returns.
+    out = tmp_path / "q.safetensors"
+    script = (
+        "import os, signal, sys, time\n"
+        "from ferroquant import cli\n"
+        "inner = cli.main\n"
+        "def main(argv=None):\n"
+        "    status = inner(argv)\n"
+        f"    os.kill(os.getpid(), signal.{signame})\n"
+        "    time.sleep(0.2)\n"
+        "    return status\n"
+        "cli.main = main\n"
+        f"sys.argv = ['ferroquant', 'quantize', {str(model)!r}, '-o', {str(out)!r}]\n"
+        "cli.run()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert p.stderr == ""
+    assert out.exists() and p.stdout.splitlines()[-1].endswith(f"[{out}]"), p.stdout
+
+
 def test_a_standard_error_that_cannot_be_written_changes_no_outcome(model, tmp_path):
     # A closed pipe on stderr was taken for standard output's reader going away:
     # failed commands exited 0, and a warning aborted a run that would have worked.

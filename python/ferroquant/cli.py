@@ -209,6 +209,10 @@ class _RunState(threading.local):
         #: Whether the last run left output buffered for a standard output that
         #: failed, went away or was interrupted (see :func:`run`).
         self.drop_stdout = False
+        #: Set by :func:`run`: the process ends when :func:`main` returns, so the
+        #: signals it handled are left ignored instead of put back to their default
+        #: action (which would end the finished run silently, status -signum).
+        self.exiting = False
 
 
 _state = _RunState()
@@ -1520,6 +1524,7 @@ def run() -> None:
     ``/dev/null``): Python's own flush at exit would fail again ("Exception
     ignored ...", status 120) or block on a pipe nobody reads. :func:`main` itself
     leaves the caller's descriptors alone."""
+    _state.exiting = True
     status = main()
     if _state.drop_stdout and sys.stdout is not None:
         try:
@@ -1645,10 +1650,14 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         status = 0
     finally:
         done = True
-        for signum in installed:  # main() called in-process: as it was, on every path
-            signal.signal(signum, signal.SIG_DFL)
+        # main() called in-process: as it was, on every path. From run(), the
+        # process only exits now: a signal in that last moment is ignored (the run
+        # is complete and reported; its status stands), not a silent death.
+        exiting = _state.exiting and threading.current_thread() is threading.main_thread()
+        for signum in installed:
+            signal.signal(signum, signal.SIG_IGN if exiting else signal.SIG_DFL)
         if interrupt_installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, signal.SIG_IGN if exiting else signal.default_int_handler)
     if received and status < 128:
         # Signalled while it ended or reported: the signal's status, as a run
         # stopped a moment earlier would have had.
