@@ -151,6 +151,13 @@ def test_errors_name_the_argument_and_change_nothing():
     before = [a.copy() for a in (w, s, x)]
     with pytest.raises(fq.EmptyInputError, match="activation"):
         fq.w8a8_matvec(w, s, np.zeros(0, np.float32))
+    # The seed checks the empty activation before any length: so do we, once the
+    # types are known good.
+    for weight, scales in ((w, np.ones(5, np.float32)), (np.ones(6, np.int8), s)):
+        with pytest.raises(fq.EmptyInputError, match="activation"):
+            fq.w8a8_matvec(weight, scales, np.zeros(0, np.float32))
+    with pytest.raises(TypeError, match="weight_scales"):
+        fq.w8a8_matvec(w, np.ones(2, np.int32), np.zeros(0, np.float32))
     with pytest.raises(fq.ShapeMismatchError, match="activation"):
         fq.w8a8_matvec(w, s, np.ones(4, np.float32))
     with pytest.raises(fq.ShapeMismatchError, match="activation"):

@@ -9,7 +9,7 @@ products); AVX-512 VNNI's ``vpdpbusd`` computes it where the CPU has it.
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -20,11 +20,15 @@ from .errors import EmptyInputError, NonFiniteError, ShapeMismatchError
 __all__ = ["w8a8_matmul", "w8a8_matvec"]
 
 
-def _weight(weight_i8: Any) -> np.ndarray:
-    """The int8 weight as a C-order 2-D array, or TypeError / ShapeMismatchError naming
-    ``weight_i8``. A weight already in C order is used in place."""
+def _int8(weight_i8: Any) -> None:
+    """TypeError naming ``weight_i8`` unless it is an int8 array."""
     if not isinstance(weight_i8, np.ndarray) or weight_i8.dtype != np.int8:
         raise TypeError(f"weight_i8 must be an int8 array, got {describe(weight_i8)}")
+
+
+def _weight(weight_i8: np.ndarray) -> np.ndarray:
+    """The int8 weight as a C-order 2-D array, or ShapeMismatchError naming
+    ``weight_i8``. A weight already in C order is used in place."""
     if weight_i8.ndim != 2:
         raise ShapeMismatchError(
             f"weight_i8: expected a 2-D array (out_features, in_features), got shape "
@@ -33,17 +37,16 @@ def _weight(weight_i8: Any) -> np.ndarray:
     return weight_i8 if weight_i8.flags.c_contiguous else np.ascontiguousarray(weight_i8)
 
 
-def _scales(weight_scales: Any, out_f: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The scales as given (for messages) and as float32, one per output row, or
-    TypeError / ShapeMismatchError. Any float dtype, byte order or layout is read
-    through one float32 copy (values rounded to float32, as the kernel multiplies
-    in float32); float32 in C order is used in place."""
-    s = float_input(weight_scales, "weight_scales")
+def _scales(s: np.ndarray, out_f: int) -> np.ndarray:
+    """The scales (``float_input``'s array) as float32, one per output row, or
+    ShapeMismatchError. Any float dtype, byte order or layout is read through one
+    float32 copy (values rounded to float32, as the kernel multiplies in float32);
+    float32 in C order is used in place."""
     if s.shape != (out_f,):
         raise ShapeMismatchError(
             f"weight_scales: expected shape ({out_f},) (one scale per output row), got {s.shape}"
         )
-    return s, to_float32(s)
+    return to_float32(s)
 
 
 def _non_finite(e: NonFiniteError, x_arg: str, x: np.ndarray, s: np.ndarray) -> NonFiniteError:
@@ -65,17 +68,20 @@ def w8a8_matvec(weight_i8: Any, weight_scales: Any, activation: Any) -> np.ndarr
             read as float32).
         NonFiniteError: ``activation`` or ``weight_scales`` holds NaN or an infinity.
     """
-    # Every argument's type is checked before the empty activation is named.
+    # Every argument's type is checked before the empty activation is named, and
+    # that before any shape, as in the seed.
     x = float_input(activation, "activation")
-    w = _weight(weight_i8)
-    out_f, in_f = w.shape
-    given, s = _scales(weight_scales, out_f)
+    _int8(weight_i8)
+    given = float_input(weight_scales, "weight_scales")
     if x.size == 0:
         raise EmptyInputError("activation is empty: expected at least one element")
+    w = _weight(weight_i8)
+    out_f, in_f = w.shape
     if x.ndim != 1 or x.shape[0] != in_f:
         raise ShapeMismatchError(
             f"activation: expected shape ({in_f},) (in_features), got {x.shape}"
         )
+    s = _scales(given, out_f)
     try:
         return _native.w8a8_product(w, out_f, in_f, s, x, None)
     except NonFiniteError as e:
@@ -96,13 +102,15 @@ def w8a8_matmul(weight_i8: Any, weight_scales: Any, activations: Any) -> np.ndar
         TypeError / NonFiniteError: as :func:`w8a8_matvec`.
     """
     x = float_input(activations, "activations")
+    _int8(weight_i8)
+    given = float_input(weight_scales, "weight_scales")
     w = _weight(weight_i8)
     out_f, in_f = w.shape
-    given, s = _scales(weight_scales, out_f)
     if in_f == 0:
         raise EmptyInputError("activations are empty: in_features is 0")
     if x.ndim != 2 or x.shape[1] != in_f:
         raise ShapeMismatchError(f"activations: expected shape (tokens, {in_f}), got {x.shape}")
+    s = _scales(given, out_f)
     tokens = x.shape[0]
     try:
         flat = _native.w8a8_product(w, out_f, in_f, s, x, tokens)
