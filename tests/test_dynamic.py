@@ -377,6 +377,19 @@ def test_smooth_factors_match_the_seed(seed, tokens, out, cols, alpha):
     assert s.dtype == np.float32 and s.tobytes() == want.tobytes()
 
 
+def test_smooth_factors_of_an_infinite_quotient_pair_are_epsilon():
+    # (a + eps)^alpha and (w + eps)^(1 - alpha) both overflow: inf / inf is NaN, and
+    # the seed's f32::max(NaN, eps) is eps. The reference once kept the NaN.
+    big = np.float32(3e38)
+    a = np.array([[big, 1.0]], np.float32)
+    w = np.array([[big, 1.0]], np.float32)
+    for alpha in (0.5, 0.25):
+        cfg = fq.SmoothQuantConfig(alpha, epsilon=float(big))
+        s = fq.compute_smooth_factors(a, w, cfg)
+        want = ref.smooth_factors(a, w, np.float32(alpha), big)
+        assert s[0] == big and s.tobytes() == want.tobytes()
+
+
 def test_smoothing_is_in_place_and_exact(rng):
     a = rng.standard_normal((16, 8)).astype(np.float32)
     w = rng.standard_normal((4, 8)).astype(np.float32)

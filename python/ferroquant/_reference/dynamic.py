@@ -138,10 +138,13 @@ def smooth_factors(
     eps = F32(max(F32(epsilon), F32(1e-10)))
     al = F32(alpha)
     out = np.zeros(a.size, F32)
-    for j in range(a.size):
-        num = F32(powf(F32(a[j] + eps), al))
-        den = F32(powf(F32(w[j] + eps), F32(F32(1) - al)))
-        out[j] = max(F32(num / den), eps)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for j in range(a.size):
+            num = F32(powf(F32(a[j] + eps), al))
+            den = F32(powf(F32(w[j] + eps), F32(F32(1) - al)))
+            # Rust's f32::max: a NaN quotient (inf / inf) gives the other operand,
+            # where Python's max() would keep the NaN.
+            out[j] = np.fmax(F32(num / den), eps)
     return out
 
 
