@@ -1523,7 +1523,12 @@ def run() -> None:
     buffered for it, that output is dropped (standard output pointed at
     ``/dev/null``): Python's own flush at exit would fail again ("Exception
     ignored ...", status 120) or block on a pipe nobody reads. :func:`main` itself
-    leaves the caller's descriptors alone."""
+    leaves the caller's descriptors alone.
+
+    It is the process's last step: the terminating signals and SIGINT it handled are
+    left ignored as it raises ``SystemExit`` (a signal then cannot end the finished
+    run with no word). To run the command line inside a program that goes on, call
+    :func:`main`, which puts every handler back as it was."""
     _state.exiting = True
     status = main()
     if _state.drop_stdout and sys.stdout is not None:
