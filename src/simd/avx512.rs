@@ -1370,9 +1370,12 @@ const OUTER_CHUNK_GROUPS: usize = scalar::DOT_CHUNK / 4;
 /// endian word. Bytes past `k` and lanes past the block's tokens are 0, so
 /// they add nothing. With each token's `Σa` (the weight is offset by 128, so
 /// `128·Σa` is taken off each product). `None` if a buffer cannot be
-/// allocated.
+/// allocated. Sixteen tokens by sixteen groups at a time are transposed in
+/// registers ([`transpose16`]); the groups after the last such stretch, one
+/// word at a time. (Word by word throughout, 32 tokens x 4096 took 0.10 ms,
+/// run before the products on one thread: 5 % of a 2-thread `w8a8_matmul`.)
 #[inline(always)]
-fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+unsafe fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
     let tokens = a.len() / k;
     let groups = k.div_ceil(4);
     let blocks = tokens.div_ceil(OUTER_TOKENS);
@@ -1380,6 +1383,8 @@ fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
     out.try_reserve_exact(blocks.checked_mul(groups)?.checked_mul(OUTER_TOKENS)?)
         .ok()?;
     sums.try_reserve_exact(tokens).ok()?;
+    // Groups that whole 16-group stretches of every row cover.
+    let wide = k / 64 * 16;
     for t0 in (0..tokens).step_by(OUTER_TOKENS) {
         let tb = (tokens - t0).min(OUTER_TOKENS);
         let lanes = if tb > 16 { 32 } else { 16 };
@@ -1394,7 +1399,7 @@ fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
                 sum.map(|c| c.iter().map(|&v| v as i32).sum::<i32>() as i64)
                     .sum(),
             );
-            for (g, q) in row.chunks(4).enumerate() {
+            for (g, q) in row.chunks(4).enumerate().skip(wide) {
                 let mut quad = [0u8; 4];
                 for (d, &v) in quad.iter_mut().zip(q) {
                     *d = v as u8;
@@ -1402,8 +1407,64 @@ fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
                 block[g * lanes + t] = u32::from_le_bytes(quad);
             }
         }
+        for tt in (0..tb).step_by(16) {
+            let n = (tb - tt).min(16);
+            for g0 in (0..wide).step_by(16) {
+                // SAFETY: AVX-512F per the caller; token t < tb holds 64
+                // bytes from 4·g0 (g0 + 16 <= k / 4); the stores go to words
+                // (g0 + j)·lanes + tt .. + 16 of `block`, inside its
+                // groups·lanes words (tt + 16 <= lanes).
+                unsafe {
+                    let mut r = [_mm512_setzero_si512(); 16];
+                    for (i, v) in r.iter_mut().enumerate().take(n) {
+                        let at = a.as_ptr().add((t0 + tt + i) * k + 4 * g0);
+                        *v = _mm512_loadu_si512(at.cast());
+                    }
+                    let c = transpose16(r);
+                    for (j, v) in c.iter().enumerate() {
+                        let at = block.as_mut_ptr().add((g0 + j) * lanes + tt);
+                        _mm512_storeu_si512(at.cast(), *v);
+                    }
+                }
+            }
+        }
     }
     Some((out, sums))
+}
+
+/// A 16 x 16 matrix of 32-bit words, one row a vector, transposed: word `j`
+/// of row `i` becomes word `i` of row `j`.
+#[inline(always)]
+unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+    // SAFETY: AVX-512F per the caller; register operations only.
+    unsafe {
+        // Per four rows 4b..4b + 4: vector 4b + c holds, in 128-bit lane L,
+        // column 4L + c of those rows.
+        let mut u = [_mm512_setzero_si512(); 16];
+        for b in 0..4 {
+            let (r0, r1, r2, r3) = (r[4 * b], r[4 * b + 1], r[4 * b + 2], r[4 * b + 3]);
+            let (lo01, hi01) = (_mm512_unpacklo_epi32(r0, r1), _mm512_unpackhi_epi32(r0, r1));
+            let (lo23, hi23) = (_mm512_unpacklo_epi32(r2, r3), _mm512_unpackhi_epi32(r2, r3));
+            u[4 * b] = _mm512_unpacklo_epi64(lo01, lo23);
+            u[4 * b + 1] = _mm512_unpackhi_epi64(lo01, lo23);
+            u[4 * b + 2] = _mm512_unpacklo_epi64(hi01, hi23);
+            u[4 * b + 3] = _mm512_unpackhi_epi64(hi01, hi23);
+        }
+        // Column c's lanes gathered across the four row groups.
+        let mut out = [_mm512_setzero_si512(); 16];
+        for c in 0..4 {
+            let (a, b, d, e) = (u[c], u[4 + c], u[8 + c], u[12 + c]);
+            let v0 = _mm512_shuffle_i32x4::<0x88>(a, b);
+            let v1 = _mm512_shuffle_i32x4::<0xDD>(a, b);
+            let w0 = _mm512_shuffle_i32x4::<0x88>(d, e);
+            let w1 = _mm512_shuffle_i32x4::<0xDD>(d, e);
+            out[c] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
+            out[c + 8] = _mm512_shuffle_i32x4::<0xDD>(v0, w0);
+            out[c + 4] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
+            out[c + 12] = _mm512_shuffle_i32x4::<0xDD>(v1, w1);
+        }
+        out
+    }
 }
 
 /// Groups of four bytes a row copied into the L1 buffer at a time (512 B).
@@ -1684,7 +1745,8 @@ unsafe fn dots_all<const VNNI: bool>(w: &[i8], rows: usize, a: &[i8], k: usize, 
     let (rows, tokens) = (rows.min(w.len() / k), a.len() / k);
     // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
     if VNNI && tokens >= PACKED_MIN_TOKENS {
-        if let Some((packed, sums)) = pack_quads(a, k) {
+        // SAFETY: AVX-512F per the caller.
+        if let Some((packed, sums)) = unsafe { pack_quads(a, k) } {
             // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
             unsafe { outer_all(w, rows, (&packed, &sums), k, Products::Raw(out)) };
             return;
@@ -2041,7 +2103,8 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
 
     #[inline(always)]
     unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
-        pack_quads(a, k)
+        // SAFETY: AVX-512F per the Kernels contract.
+        unsafe { pack_quads(a, k) }
     }
 
     #[inline(always)]
