@@ -1181,7 +1181,7 @@ fn pack_pairs(a: &[i8], k: usize) -> Option<Vec<u32>> {
     let (tokens, kp) = (a.len() / k, k.div_ceil(2));
     let groups = tokens.div_ceil(GROUP);
     let len = groups.checked_mul(kp)?.checked_mul(GROUP)?;
-    let mut out = Vec::new();
+    let mut out = super::kernels::spare_words();
     out.try_reserve_exact(len).ok()?;
     out.resize(len, 0u32);
     for (t, at) in a.chunks_exact(k).enumerate() {

@@ -1379,7 +1379,7 @@ unsafe fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
     let tokens = a.len() / k;
     let groups = k.div_ceil(4);
     let blocks = tokens.div_ceil(OUTER_TOKENS);
-    let (mut out, mut sums) = (Vec::new(), Vec::new());
+    let (mut out, mut sums) = (super::kernels::spare_words(), Vec::new());
     out.try_reserve_exact(blocks.checked_mul(groups)?.checked_mul(OUTER_TOKENS)?)
         .ok()?;
     sums.try_reserve_exact(tokens).ok()?;
