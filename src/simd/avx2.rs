@@ -1639,8 +1639,8 @@ impl Kernels for Avx2 {
     const PACKS: Option<Isa> = Some(Isa::Avx2);
 
     #[inline(always)]
-    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
-        pack_pairs(a, k).map(|words| (words, Vec::new()))
+    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<Vec<u32>> {
+        pack_pairs(a, k)
     }
 
     #[inline(always)]
@@ -1657,7 +1657,7 @@ impl Kernels for Avx2 {
             return; // as Kernels::i8_products: nothing for zero-width tokens
         }
         let rows = w_scales.len().min(w.len() / k);
-        if let Some((packed, _)) = p.packed_by(Self::PACKS) {
+        if let Some(packed) = p.packed_by(Self::PACKS) {
             // SAFETY: AVX2 per the Kernels contract; outputs are written
             // through bounds-checked indexing.
             if rows <= stride

@@ -1366,23 +1366,23 @@ const OUTER_CHUNK_GROUPS: usize = scalar::DOT_CHUNK / 4;
 
 /// Activations laid out for [`outer_tile`]: per block of up to 32 tokens, per
 /// group `g` of four bytes, the group of each token in turn (`lanes` of
-/// them, 16 or 32), the codes as they are (the signed operand) in one little-
-/// endian word. Bytes past `k` and lanes past the block's tokens are 0, so
-/// they add nothing. With each token's `Σa` (the weight is offset by 128, so
-/// `128·Σa` is taken off each product). `None` if a buffer cannot be
-/// allocated. Sixteen tokens by sixteen groups at a time are transposed in
-/// registers ([`transpose16`]); the groups after the last such stretch, one
-/// word at a time. (Word by word throughout, 32 tokens x 4096 took 0.10 ms,
-/// run before the products on one thread: 5 % of a 2-thread `w8a8_matmul`.)
+/// them, 16 or 32), the codes offset to unsigned (`a + 128`: the weight is
+/// the signed operand, and `128·Σw` is taken off each product) in one
+/// little-endian word. Lanes past the block's tokens and bytes past `k` are
+/// 0 (the weight's bytes there are 0 too, so they add nothing). `None` if
+/// the buffer cannot be allocated. Sixteen tokens by sixteen groups at a
+/// time are transposed in registers ([`transpose16`]); the groups after the
+/// last such stretch, one word at a time. (Word by word throughout, 32
+/// tokens x 4096 took 0.10 ms, run before the products on one thread: 5 %
+/// of a 2-thread `w8a8_matmul`.)
 #[inline(always)]
-unsafe fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+unsafe fn pack_quads(a: &[i8], k: usize) -> Option<Vec<u32>> {
     let tokens = a.len() / k;
     let groups = k.div_ceil(4);
     let blocks = tokens.div_ceil(OUTER_TOKENS);
-    let (mut out, mut sums) = (super::kernels::spare_words(), Vec::new());
+    let mut out = super::kernels::spare_words();
     out.try_reserve_exact(blocks.checked_mul(groups)?.checked_mul(OUTER_TOKENS)?)
         .ok()?;
-    sums.try_reserve_exact(tokens).ok()?;
     // Groups that whole 16-group stretches of every row cover.
     let wide = k / 64 * 16;
     for t0 in (0..tokens).step_by(OUTER_TOKENS) {
@@ -1393,16 +1393,10 @@ unsafe fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
         let block = &mut out[base..];
         for t in 0..tb {
             let row = &a[(t0 + t) * k..(t0 + t + 1) * k];
-            // i32 partial sums per chunk cannot overflow (2^16 · 128 < 2^31).
-            let sum = row.chunks(scalar::DOT_CHUNK);
-            sums.push(
-                sum.map(|c| c.iter().map(|&v| v as i32).sum::<i32>() as i64)
-                    .sum(),
-            );
             for (g, q) in row.chunks(4).enumerate().skip(wide) {
                 let mut quad = [0u8; 4];
                 for (d, &v) in quad.iter_mut().zip(q) {
-                    *d = v as u8;
+                    *d = v as u8 ^ 0x80;
                 }
                 block[g * lanes + t] = u32::from_le_bytes(quad);
             }
@@ -1415,10 +1409,11 @@ unsafe fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
                 // (g0 + j)·lanes + tt .. + 16 of `block`, inside its
                 // groups·lanes words (tt + 16 <= lanes).
                 unsafe {
+                    let flip = _mm512_set1_epi8(i8::MIN);
                     let mut r = [_mm512_setzero_si512(); 16];
                     for (i, v) in r.iter_mut().enumerate().take(n) {
                         let at = a.as_ptr().add((t0 + tt + i) * k + 4 * g0);
-                        *v = _mm512_loadu_si512(at.cast());
+                        *v = _mm512_xor_si512(_mm512_loadu_si512(at.cast()), flip);
                     }
                     let c = transpose16(r);
                     for (j, v) in c.iter().enumerate() {
@@ -1429,7 +1424,7 @@ unsafe fn pack_quads(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
             }
         }
     }
-    Some((out, sums))
+    Some(out)
 }
 
 /// A 16 x 16 matrix of 32-bit words, one row a vector, transposed: word `j`
@@ -1467,61 +1462,23 @@ unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
     }
 }
 
-/// Groups of four bytes a row copied into the L1 buffer at a time (512 B).
-const OUTER_COPY_GROUPS: usize = 128;
-/// The L1 buffer's row stride: a chunk and one line (rows a multiple of
-/// 4 KiB apart share one L1 set, and twelve of them thrashed its eight ways).
-const OUTER_COPY_STRIDE: usize = 4 * OUTER_COPY_GROUPS + 64;
-/// One half of the L1 buffer: a chunk of twelve rows.
-const OUTER_COPY_HALF: usize = 12 * OUTER_COPY_STRIDE;
-
-/// Copy line `j` (64 bytes, fewer at the end of `bytes`) of `R` rows (stride
-/// `k`) from `src` into `dst` (stride [`OUTER_COPY_STRIDE`]), offset to
-/// unsigned (`w + 128`) on the way.
-#[inline(always)]
-unsafe fn copy_line<const R: usize>(
-    src: *const i8,
-    k: usize,
-    dst: *mut i8,
-    j: usize,
-    bytes: usize,
-) {
-    let at = 64 * j;
-    if at >= bytes {
-        return;
-    }
-    // SAFETY: AVX-512F/BW per the caller; row r's bytes `at..min(at + 64,
-    // bytes)` lie inside the weight (the caller's chunk) and inside `dst`'s row.
-    unsafe {
-        let flip = _mm512_set1_epi8(i8::MIN);
-        let m = byte_mask(bytes - at);
-        for r in 0..R {
-            let (s, d) = (src.add(r * k + at), dst.add(r * OUTER_COPY_STRIDE + at));
-            if m == !0 {
-                _mm512_storeu_si512(
-                    d.cast(),
-                    _mm512_xor_si512(_mm512_loadu_si512(s.cast()), flip),
-                );
-            } else {
-                let v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, s), flip);
-                _mm512_mask_storeu_epi8(d, m, v);
-            }
-        }
-    }
-}
+/// Rows in the outer-product tile. Read in place, rows 4 KiB apart share
+/// one L1 set: eight fit its eight ways, twelve thrashed them (12 rows
+/// in place ran at 77-88 % of the VNNI peak, 12 rows copied to an L1
+/// buffer first at 74-85 %, 8 rows in place at 90-96 %; 32 tokens x 4096,
+/// the weight in L3 and in L2).
+const OUTER_ROWS: usize = 8;
 
 /// `R` weight rows (stride `k`) at `w` against one packed block of `16·NV`
-/// token lanes at `packed`, over the `full` whole groups of four bytes. The
-/// rows are copied a chunk ([`OUTER_COPY_GROUPS`]) at a time into one half
-/// of `buf`, an L1 buffer, offset to unsigned (`w + 128`) on the way (rows
-/// 4 KiB apart share one L1 set, and twelve of them read in place thrashed
-/// its eight ways); the next chunk's copy is spread over this chunk's lines
-/// into the other half (copied in a block before each chunk, it cost 12-18 %
-/// of the L2-resident time). Per group each row's four bytes are broadcast
-/// and `vpdpbusd`-ed with the block's vectors (weights unsigned, activations
-/// signed); lanes widen to i64 every [`OUTER_CHUNK_GROUPS`]. `R` rows from
-/// `ahead` are fetched into L2 meanwhile. Returns the raw sums `Σ (w + 128)
-/// · a` over those groups.
+/// token lanes at `packed`, over the `full` whole groups of four bytes: per
+/// group each row's four bytes, signed as they are, are broadcast and
+/// `vpdpbusd`-ed with the block's vectors (the activations offset to
+/// unsigned by [`pack_quads`]); lanes widen to i64 every
+/// [`OUTER_CHUNK_GROUPS`]. With `sums`, each row's `Σw` over those groups
+/// too, from the lines just read (one `vpdpbusd` with ones a line: 3-4 %
+/// of the tile's time; `vpsadbw` on the offset bytes was no faster). `R`
+/// rows from `ahead` are fetched into L2 meanwhile. Returns the raw sums
+/// `Σ w · (a + 128)` and the rows' `Σw` (0 without `SUMS`).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // indices keep the accumulators in registers
 unsafe fn outer_tile<const R: usize, const NV: usize>(
@@ -1530,89 +1487,92 @@ unsafe fn outer_tile<const R: usize, const NV: usize>(
     packed: *const u8,
     full: usize,
     ahead: Option<*const i8>,
-    buf: &mut [i8; 2 * OUTER_COPY_HALF],
-) -> [[i64; 32]; R] {
+    sums: bool,
+) -> ([[i64; 32]; R], [i64; R]) {
     let mut total = [[0i64; 32]; R];
-    debug_assert!(R <= 12);
-    let chunk_bytes = |c0: usize| 4 * ((c0 + OUTER_COPY_GROUPS).min(full) - c0);
+    let mut row_sums = [0i64; R];
+    debug_assert!(R <= OUTER_ROWS);
     // SAFETY: AVX-512F/BW/VNNI per the caller; rows r < R hold `4·full`
-    // bytes from r·k, the block `full` groups of `64·NV` bytes; the copies
-    // stay inside `buf` (R <= 12 rows of one chunk a half); prefetches never
-    // fault.
+    // bytes from r·k (each line's load is masked to them), the block `full`
+    // groups of `64·NV` bytes; prefetches never fault.
     unsafe {
-        let base = buf.as_mut_ptr();
-        if full > 0 {
-            for j in 0..OUTER_COPY_GROUPS / 16 {
-                copy_line::<R>(w, k, base, j, chunk_bytes(0));
-            }
-        }
+        let ones = _mm512_set1_epi8(1);
         let mut acc = [[_mm512_setzero_si512(); NV]; R];
-        for (ci, c0) in (0..full).step_by(OUTER_COPY_GROUPS).enumerate() {
-            let c1 = (c0 + OUTER_COPY_GROUPS).min(full);
-            let cur = base.add((ci % 2) * OUTER_COPY_HALF).cast_const();
-            let next = base.add(((ci + 1) % 2) * OUTER_COPY_HALF);
-            let next_bytes = if c1 < full { chunk_bytes(c1) } else { 0 };
+        let mut rs = [_mm512_setzero_si512(); R];
+        for c0 in (0..full).step_by(OUTER_CHUNK_GROUPS) {
+            let c1 = (c0 + OUTER_CHUNK_GROUPS).min(full);
             // The accumulators in a local for the chunk: kept in the array
-            // across it, every vpdpbusd was also stored back to the stack
-            // (24 stores a group, one a product).
-            let mut a = acc;
+            // across it, every vpdpbusd was also stored back to the stack.
+            let (mut a, mut s) = (acc, rs);
             // A line (16 groups) at a time; the next tile's rows come into
-            // L2 a line each per line, the next chunk's into the buffer.
+            // L2 a line each per line.
             for l in (c0..c1).step_by(16) {
+                let g1 = (l + 16).min(c1);
                 if let Some(p) = ahead {
                     for r in 0..R {
                         _mm_prefetch::<_MM_HINT_T1>(p.add(r * k + 4 * l));
                     }
                 }
-                copy_line::<R>(w.add(4 * c1), k, next, (l - c0) / 16, next_bytes);
-                for g in l..(l + 16).min(c1) {
+                for g in l..g1 {
                     let mut av = [_mm512_setzero_si512(); NV];
                     for v in 0..NV {
                         av[v] = _mm512_loadu_si512(packed.add((g * NV + v) * 64).cast());
                     }
                     for r in 0..R {
-                        let at = cur.add(r * OUTER_COPY_STRIDE + 4 * (g - c0));
+                        let at = w.add(r * k + 4 * g);
                         let wb = _mm512_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
                         for v in 0..NV {
-                            a[r][v] = _mm512_dpbusd_epi32(a[r][v], wb, av[v]);
+                            a[r][v] = _mm512_dpbusd_epi32(a[r][v], av[v], wb);
                         }
                     }
                 }
-            }
-            acc = a;
-            if c1.is_multiple_of(OUTER_CHUNK_GROUPS) || c1 == full {
-                for (tot, acc) in total.iter_mut().zip(acc.iter_mut()) {
-                    for (v, x) in acc.iter_mut().enumerate() {
-                        let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(*x));
-                        let hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(*x));
-                        let at = tot.as_mut_ptr().add(16 * v);
-                        let sum = _mm512_add_epi64(_mm512_loadu_si512(at.cast()), lo);
-                        _mm512_storeu_si512(at.cast(), sum);
-                        let at = at.add(8);
-                        let sum = _mm512_add_epi64(_mm512_loadu_si512(at.cast()), hi);
-                        _mm512_storeu_si512(at.cast(), sum);
-                        *x = _mm512_setzero_si512();
+                if sums {
+                    let m = byte_mask(4 * (g1 - l));
+                    for r in 0..R {
+                        let line = _mm512_maskz_loadu_epi8(m, w.add(r * k + 4 * l));
+                        s[r] = _mm512_dpbusd_epi32(s[r], ones, line);
                     }
+                }
+            }
+            (acc, rs) = (a, s);
+            // Widen every chunk: a lane gains at most 130,560 a group (and a
+            // row-sum lane 512 a line), so a chunk stays below 2^31.
+            for (tot, acc) in total.iter_mut().zip(acc.iter_mut()) {
+                for (v, x) in acc.iter_mut().enumerate() {
+                    let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(*x));
+                    let hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(*x));
+                    let at = tot.as_mut_ptr().add(16 * v);
+                    let sum = _mm512_add_epi64(_mm512_loadu_si512(at.cast()), lo);
+                    _mm512_storeu_si512(at.cast(), sum);
+                    let at = at.add(8);
+                    let sum = _mm512_add_epi64(_mm512_loadu_si512(at.cast()), hi);
+                    _mm512_storeu_si512(at.cast(), sum);
+                    *x = _mm512_setzero_si512();
+                }
+            }
+            if sums {
+                for (t, x) in row_sums.iter_mut().zip(rs.iter_mut()) {
+                    *t += lanes_sum_i64(*x);
+                    *x = _mm512_setzero_si512();
                 }
             }
         }
     }
-    total
+    (total, row_sums)
 }
 
-/// `R` (<= 12) rows from row `r0` against every packed block: the whole
-/// groups through [`outer_tile`], the last partial group (k not a multiple
-/// of 4) from a copy of each row's tail, less `128·Σa` per token
-/// (`token_sums`), into `out`.
+/// `R` (<= [`OUTER_ROWS`]) rows from row `r0` against every packed block:
+/// the whole groups through [`outer_tile`], the last partial group (k not a
+/// multiple of 4) from a copy of each row's tail, less `128·Σw` per row,
+/// into `out`.
 #[inline(always)]
 unsafe fn outer_rows<const R: usize>(
     w: &[i8],
     r0: usize,
     k: usize,
-    (packed, token_sums): (&[u32], &[i64]),
+    packed: &[u32],
     tokens: usize,
     out: &mut Products<'_>,
-    buf: &mut [i8; 2 * OUTER_COPY_HALF],
 ) {
     let full = k / 4;
     let groups = k.div_ceil(4);
@@ -1621,35 +1581,44 @@ unsafe fn outer_rows<const R: usize>(
     unsafe {
         let wp = w.as_ptr().add(r0 * k);
         let ahead = rows_ahead::<i8, R>(wp, k, w.len() - r0 * k);
-        // The partial group's weight bytes, offset like the rest (the
-        // activation is 0 past k, so the padding's value does not matter).
+        // The partial group's weight bytes, 0 past k (so the activation's
+        // padding there adds nothing), and their sum.
         let mut tail = [0i32; R];
-        for (r, t) in tail.iter_mut().enumerate() {
+        let mut tail_sums = [0i64; R];
+        for r in 0..R {
             let row = &w[(r0 + r) * k..(r0 + r + 1) * k];
             let mut quad = [0u8; 4];
             for (q, &v) in quad.iter_mut().zip(&row[4 * full..]) {
-                *q = (v as u8) ^ 0x80;
+                *q = v as u8;
+                tail_sums[r] += v as i64;
             }
-            *t = i32::from_le_bytes(quad);
+            tail[r] = i32::from_le_bytes(quad);
         }
+        let mut offsets = [0i64; R];
         let mut at = 0;
         for t0 in (0..tokens).step_by(OUTER_TOKENS) {
             let tb = (tokens - t0).min(OUTER_TOKENS);
             let lanes = if tb > 16 { 32 } else { 16 };
             let block = packed.as_ptr().add(at).cast::<u8>();
             at += groups * lanes;
-            let mut total = if lanes == 32 {
-                outer_tile::<R, 2>(wp, k, block, full, ahead, buf)
+            // The rows' sums once, with the first block.
+            let first = t0 == 0;
+            let (mut total, row_sums) = if lanes == 32 {
+                outer_tile::<R, 2>(wp, k, block, full, ahead, first)
             } else {
-                outer_tile::<R, 1>(wp, k, block, full, ahead, buf)
+                outer_tile::<R, 1>(wp, k, block, full, ahead, first)
             };
+            if first {
+                for r in 0..R {
+                    offsets[r] = 128 * (row_sums[r] + tail_sums[r]);
+                }
+            }
             if full < groups {
-                // The partial group: its packed bytes past k are 0.
                 for (tot, &quad) in total.iter_mut().zip(&tail) {
                     let wb = _mm512_set1_epi32(quad);
                     for v in 0..lanes / 16 {
                         let a = _mm512_loadu_si512(block.add((full * lanes / 16 + v) * 64).cast());
-                        let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb, a);
+                        let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, wb);
                         let mut lane = [0i32; 16];
                         _mm512_storeu_si512(lane.as_mut_ptr().cast(), d);
                         for (x, &l) in tot[16 * v..16 * v + 16].iter_mut().zip(&lane) {
@@ -1660,11 +1629,10 @@ unsafe fn outer_rows<const R: usize>(
             }
             match out {
                 Products::Raw(out) => {
-                    let sums = &token_sums[t0..t0 + tb];
                     for (r, tot) in total.iter().enumerate() {
                         let row = &mut out[(r0 + r) * tokens + t0..][..tb];
-                        for ((o, &x), &s) in row.iter_mut().zip(tot).zip(sums) {
-                            *o = x - 128 * s;
+                        for (o, &x) in row.iter_mut().zip(tot) {
+                            *o = x - offsets[r];
                         }
                     }
                 }
@@ -1677,9 +1645,8 @@ unsafe fn outer_rows<const R: usize>(
                     // Token by token: R neighbouring outputs of its row.
                     for (j, &a_scale) in a_scales[t0..t0 + tb].iter().enumerate() {
                         let row = &mut out[(t0 + j) * *stride + r0..][..R];
-                        let offset = 128 * token_sums[t0 + j];
                         for (r, o) in row.iter_mut().enumerate() {
-                            let exact = total[r][j] - offset;
+                            let exact = total[r][j] - offsets[r];
                             *o = exact as f32 * w_scales[r0 + r] * a_scale;
                         }
                     }
@@ -1703,33 +1670,31 @@ enum Products<'a> {
 }
 
 /// The outer-product form of `i8_dots` (VNNI, `tokens >= PACKED_MIN_TOKENS`)
-/// over tokens laid out by [`pack_quads`]: twelve rows at a time against
-/// every block of 32 tokens, accumulators in registers over the whole row,
-/// no horizontal sums.
+/// over `tokens` laid out by [`pack_quads`]: [`OUTER_ROWS`] rows at a time
+/// against every block of 32 tokens, accumulators in registers over the
+/// whole row, no horizontal sums.
 #[inline(always)]
 unsafe fn outer_all(
     w: &[i8],
     rows: usize,
-    (packed, sums): (&[u32], &[i64]),
+    packed: &[u32],
+    tokens: usize,
     k: usize,
     mut out: Products<'_>,
 ) {
-    let tokens = sums.len();
-    // The tiles' L1 buffer (written before it is read), once a call.
-    let mut buf = [0i8; 2 * OUTER_COPY_HALF];
     let mut r = 0;
     // SAFETY: AVX-512F/BW/VNNI per the caller; every tile stays inside `rows`.
     unsafe {
-        while r + 12 <= rows {
-            outer_rows::<12>(w, r, k, (packed, sums), tokens, &mut out, &mut buf);
-            r += 12;
+        while r + OUTER_ROWS <= rows {
+            outer_rows::<OUTER_ROWS>(w, r, k, packed, tokens, &mut out);
+            r += OUTER_ROWS;
         }
         while r + 4 <= rows {
-            outer_rows::<4>(w, r, k, (packed, sums), tokens, &mut out, &mut buf);
+            outer_rows::<4>(w, r, k, packed, tokens, &mut out);
             r += 4;
         }
         while r < rows {
-            outer_rows::<1>(w, r, k, (packed, sums), tokens, &mut out, &mut buf);
+            outer_rows::<1>(w, r, k, packed, tokens, &mut out);
             r += 1;
         }
     }
@@ -1746,9 +1711,9 @@ unsafe fn dots_all<const VNNI: bool>(w: &[i8], rows: usize, a: &[i8], k: usize, 
     // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
     if VNNI && tokens >= PACKED_MIN_TOKENS {
         // SAFETY: AVX-512F per the caller.
-        if let Some((packed, sums)) = unsafe { pack_quads(a, k) } {
+        if let Some(packed) = unsafe { pack_quads(a, k) } {
             // SAFETY: VNNI per the caller (the const); `rows` fit `w`.
-            unsafe { outer_all(w, rows, (&packed, &sums), k, Products::Raw(out)) };
+            unsafe { outer_all(w, rows, &packed, tokens, k, Products::Raw(out)) };
             return;
         }
     }
@@ -2102,7 +2067,7 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
     const PACKS: Option<Isa> = if VNNI { Some(Isa::Avx512Vnni) } else { None };
 
     #[inline(always)]
-    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<Vec<u32>> {
         // SAFETY: AVX-512F per the Kernels contract.
         unsafe { pack_quads(a, k) }
     }
@@ -2132,7 +2097,7 @@ impl<const VNNI: bool> Kernels for Avx512<VNNI> {
                 // SAFETY: VNNI per the caller (PACKS is set only then);
                 // `rows` fit `w`; the outputs are written through
                 // bounds-checked indexing.
-                unsafe { outer_all(w, rows, packed, k, scaled) }
+                unsafe { outer_all(w, rows, packed, p.tokens(), k, scaled) }
             }
             // SAFETY: forwarded from this function's contract.
             _ => unsafe {

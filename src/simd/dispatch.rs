@@ -417,8 +417,8 @@ unsafe fn pack_tokens_generic<K: Kernels>(a: &[i8], k: usize) -> PackedTokens<'_
     let mut p = PackedTokens::unpacked(a, k);
     if K::PACKS.is_some() && k >= 1 && a.len() / k >= PACKED_MIN_TOKENS {
         // SAFETY: forwarded from this function's contract.
-        if let Some((words, sums)) = unsafe { K::pack_tokens(a, k) } {
-            (p.by, p.words, p.sums) = (K::PACKS, words, sums);
+        if let Some(words) = unsafe { K::pack_tokens(a, k) } {
+            (p.by, p.words) = (K::PACKS, words);
         }
     }
     p

@@ -296,10 +296,9 @@ pub(crate) trait Kernels {
     /// The tier whose layout [`Kernels::pack_tokens`] writes, if it packs.
     const PACKS: Option<Isa> = None;
     /// The tokens of `a` (`k >= 1` wide) laid out for this tier's outer
-    /// products, and each token's `Σa` where the tier needs it; `None` where
-    /// the tier has no packed form, below [`PACKED_MIN_TOKENS`] tokens, or
-    /// when the copy cannot be allocated.
-    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<(Vec<u32>, Vec<i64>)> {
+    /// products; `None` where the tier has no packed form, below
+    /// [`PACKED_MIN_TOKENS`] tokens, or when the copy cannot be allocated.
+    unsafe fn pack_tokens(a: &[i8], k: usize) -> Option<Vec<u32>> {
         let _ = (a, k);
         None
     }
@@ -554,7 +553,6 @@ pub struct PackedTokens<'a> {
     /// The tier whose layout `words` is in; `None` when nothing was packed.
     pub(crate) by: Option<Isa>,
     pub(crate) words: Vec<u32>,
-    pub(crate) sums: Vec<i64>,
 }
 
 /// The most words a thread keeps from its last [`PackedTokens`] for the
@@ -596,7 +594,6 @@ impl<'a> PackedTokens<'a> {
             k,
             by: None,
             words: Vec::new(),
-            sums: Vec::new(),
         }
     }
 
@@ -611,8 +608,8 @@ impl<'a> PackedTokens<'a> {
     }
 
     /// The packed words, if tier `isa` laid them out.
-    pub(crate) fn packed_by(&self, isa: Option<Isa>) -> Option<(&[u32], &[i64])> {
-        (isa.is_some() && self.by == isa).then_some((&self.words[..], &self.sums[..]))
+    pub(crate) fn packed_by(&self, isa: Option<Isa>) -> Option<&[u32]> {
+        (isa.is_some() && self.by == isa).then_some(&self.words[..])
     }
 }
 

@@ -31,7 +31,7 @@ fn every_isa_matches_scalar_at_odd_lengths() {
     for isa in Isa::supported() {
         for k in (1..=70).chain([127, 128, 129, 191, 4096 + 17]) {
             // From 16 tokens on, VNNI packs the tokens (blocks of 16 and 32
-            // lanes) and takes rows in twelves, fours and ones.
+            // lanes) and takes rows in eights, fours and ones.
             let shapes = [(1, 1), (4, 1), (5, 2), (9, 3), (3, 5), (8, 4)];
             let packed = [(13, 8), (17, 16), (5, 17), (25, 33), (1, 40)];
             let packed = if k % 7 == 0 || k > 70 {
