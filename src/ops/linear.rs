@@ -336,17 +336,19 @@ pub fn linear_forward_with(
         }
         return Ok(());
     }
-    let rows = if panels {
-        // Whole panels, two tasks a thread: each reuses one panel buffer.
-        let threads = parallel::get_num_threads().max(1);
-        let per = panel_shape(in_f, out_f, tokens).0;
-        out_f.div_ceil(2 * threads).div_ceil(per).max(1) * per
-    } else {
-        // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
-        parallel::units_per_task(out_f, in_f).max(1)
-    };
     let work = (out_f * in_f).saturating_mul(tokens); // checked by `validate`
     parallel::run(work, |par| {
+        // Sized inside the run: on the pool, `units_per_task` counts the
+        // pool's threads (outside it, rayon's global pool: every CPU).
+        let rows = if panels {
+            // Whole panels, two tasks a thread: each reuses one panel buffer.
+            let threads = parallel::get_num_threads().max(1);
+            let per = panel_shape(in_f, out_f, tokens).0;
+            out_f.div_ceil(2 * threads).div_ceil(per).max(1) * per
+        } else {
+            // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
+            parallel::units_per_task(out_f, in_f).max(1)
+        };
         let tasks = out_f.div_ceil(rows);
         if par && tasks > 1 {
             // Each finished part (a panel, or a task's rows) goes straight
