@@ -1478,7 +1478,7 @@ const OUTER_ROWS: usize = 8;
 /// too, from the lines just read (one `vpdpbusd` with ones a line: 3-4 %
 /// of the tile's time; `vpsadbw` on the offset bytes was no faster). `R`
 /// rows from `ahead` are fetched into L2 meanwhile. Returns the raw sums
-/// `Σ w · (a + 128)` and the rows' `Σw` (0 without `SUMS`).
+/// `Σ w · (a + 128)` and the rows' `Σw` (0 without `sums`).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // indices keep the accumulators in registers
 unsafe fn outer_tile<const R: usize, const NV: usize>(
