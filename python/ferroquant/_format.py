@@ -43,6 +43,7 @@ from typing import (
     Mapping,
     NamedTuple,
     Optional,
+    Sequence,
     Tuple,
     TypeVar,
     Union,
@@ -765,7 +766,8 @@ def _reader_owned(arr: np.ndarray) -> np.ndarray:
     """A read-only view of ``arr`` marked as the reader's own when ``arr`` owns its
     memory (bytes it allocated and filled): the view, not the owner, goes into the
     value, so its holder cannot set it writable again (NumPy refuses for a view of
-    a read-only owner). A view of immutable ``bytes`` is private already."""
+    a read-only owner). A view of immutable ``bytes``, or of a buffer the reader
+    marked (see :func:`empty_on_huge_pages`), is private already."""
     return owned(arr) if arr.base is None else arr
 
 
@@ -817,6 +819,32 @@ def open_regular(path: str) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
+#: The transparent huge page size on x86-64.
+HUGE_PAGE = 2 << 20
+
+
+def empty_on_huge_pages(shape: Sequence[int], dtype: np.dtype) -> Tuple[np.ndarray, np.ndarray]:
+    """``(array, owner)``: ``np.empty(shape, dtype)`` and the array owning its memory.
+
+    An array of 2 MiB or more starts on a 2 MiB boundary inside a byte buffer 2 MiB
+    larger (its owner). NumPy asks for transparent huge pages on arrays of 4 MiB or
+    more, but its allocation starts just past a 4 KiB page, so only the 2 MiB blocks
+    wholly inside get them: a quarter of an 8 MiB weight would stay on 4 KiB pages,
+    and the GEMV streaming it is slower for that (the output cache aligns the arrays
+    the kernels return the same way). The slack is never touched: address space,
+    not memory."""
+    count = 1
+    for d in shape:
+        count *= d
+    nbytes = count * dtype.itemsize
+    if nbytes < HUGE_PAGE:
+        arr = np.empty(shape, dtype)
+        return arr, arr
+    owner = np.empty(nbytes + HUGE_PAGE, np.uint8)
+    start = -int(owner.ctypes.data) % HUGE_PAGE
+    return owner[start : start + nbytes].view(dtype).reshape(shape), owner
+
+
 class FileReader:
     """A safetensors file opened for lazy reads: the header parsed once, each tensor
     read into a fresh array when asked for.
@@ -853,9 +881,11 @@ class FileReader:
     def get(self, name: str) -> np.ndarray:
         """A read-only array holding tensor ``name``."""
         t = self.tensors[name]
-        arr = np.empty(t.shape, _numpy_dtype(t, name, self.path))
+        arr, owner = empty_on_huge_pages(t.shape, _numpy_dtype(t, name, self.path))
         self._read_into(name, arr.reshape(-1).view(np.uint8))
         arr.flags.writeable = False
+        if owner is not arr:
+            owned(owner)  # read-only and the reader's: no view of it becomes writable
         return arr
 
     def _read_into(self, name: str, raw: np.ndarray) -> None:
