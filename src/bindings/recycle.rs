@@ -252,11 +252,15 @@ fn buffer<'py>(py: Python<'py>, p: &Probe, bytes: usize) -> PyResult<Slot<'py>> 
     let u8s = numpy::dtype::<u8>(py);
     let fresh = |py: Python<'py>| -> PyResult<Slot<'py>> {
         let slack = if bytes >= HUGE_MIN { HUGE_PAGE } else { 0 };
-        let buf = zeros_or_release(py, bytes.saturating_add(slack), &u8s)?
-            .cast_into::<PyArray1<u8>>()?;
+        let buf =
+            zeros_or_release(py, bytes.saturating_add(slack), &u8s)?.cast_into::<PyArray1<u8>>()?;
         // The address only, never dereferenced here.
         let at = buf.data() as usize;
-        let offset = if slack > 0 { at.next_multiple_of(HUGE_PAGE) - at } else { 0 };
+        let offset = if slack > 0 {
+            at.next_multiple_of(HUGE_PAGE) - at
+        } else {
+            0
+        };
         Ok(Slot { buf, offset, bytes })
     };
     let Ok(mut cache) = CACHE.try_lock() else {
@@ -339,7 +343,11 @@ pub(crate) fn output<'py>(
         _ => return zeros_or_release(py, n, descr),
     };
     let (bytes, p) = bytes;
-    let Slot { buf, offset, bytes: usable } = buffer(py, p, bytes)?;
+    let Slot {
+        buf,
+        offset,
+        bytes: usable,
+    } = buffer(py, p, bytes)?;
     let end = offset.checked_add(usable).filter(|&e| e <= buf.len());
     let Some(end) = end.filter(|_| usable >= bytes) else {
         return Err(PyRuntimeError::new_err(
