@@ -73,6 +73,71 @@ fn rows_shorter_than_the_activation_panic_on_every_isa() {
 }
 
 #[test]
+fn int4_dots_match_scalar_for_every_nibble_and_zero_point() {
+    // Every nibble value in every position of a word, integer and fractional
+    // zero points small and huge, and x with signed zeros (a zero product's
+    // sign must match the spec's) give the scalar result bit for bit.
+    let n = 128 * 3 + 5;
+    let bstride = packed_len(n);
+    let zps = [
+        64.0f32,
+        -64.0,
+        65.0,
+        -65.0,
+        63.5,
+        0.5,
+        -0.0,
+        0.0,
+        7.0,
+        15.0,
+        8.0,
+        -8.0,
+        1.0e6,
+        1.0e9,
+        -3.0e9,
+        f32::MIN_POSITIVE,
+    ];
+    let rows = zps.len();
+    // Row r, byte b: nibbles (b + r) and (b + 3r + 1), so every nibble
+    // value lands in every position of a word across the rows.
+    let p: Vec<u8> = (0..rows * bstride)
+        .map(|i| {
+            let (r, b) = (i / bstride, i % bstride);
+            (((b + r) & 15) | (((b + 3 * r + 1) & 15) << 4)) as u8
+        })
+        .collect();
+    let mut x = floats(n, 5);
+    for (i, v) in x.iter_mut().enumerate() {
+        match i % 5 {
+            0 => *v = 0.0,
+            1 => *v = -0.0,
+            _ => {}
+        }
+    }
+    let xs = scalar::nibble_planes(&x);
+    for isa in Isa::supported() {
+        // Pairs of rows (the kernels' step) mixing both kinds of zero point,
+        // and each row alone.
+        for start in 0..rows {
+            for len in [1, 2] {
+                let end = (start + len).min(rows);
+                let (pr, z) = (&p[start * bstride..], &zps[start..end]);
+                assert_eq!(
+                    dots_i4(isa, pr, bstride, n, z, &xs),
+                    dots_i4(Isa::Scalar, pr, bstride, n, z, &xs),
+                    "{isa:?} rows {start}..{end}"
+                );
+            }
+        }
+        assert_eq!(
+            dots_i4(isa, &p, bstride, n, &zps, &xs),
+            dots_i4(Isa::Scalar, &p, bstride, n, &zps, &xs),
+            "{isa:?}"
+        );
+    }
+}
+
+#[test]
 fn dequantizing_dots_match_scalar_on_every_isa() {
     for isa in Isa::supported() {
         for n in (0..200).chain([1000, 4096 + 63]) {
