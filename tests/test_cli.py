@@ -1080,13 +1080,13 @@ def test_inspect_lists_plain_arrays_from_the_header_alone(tmp_path, rng, monkeyp
     q = fq.quantize(rng.standard_normal((4, 6)).astype(np.float32), fq.QuantConfig.int4())
     fq.save(path, {"big": np.zeros((64, 32), np.float16), "q": q})
     read: list = []
-    real_get = _format.FileReader.get
+    real_read = _format.FileReader._read  # every tensor read goes through it
 
-    def get(self, name):
+    def read_tensor(self, name):
         read.append(name)
-        return real_get(self, name)
+        return real_read(self, name)
 
-    monkeypatch.setattr(_format.FileReader, "get", get)
+    monkeypatch.setattr(_format.FileReader, "_read", read_tensor)
     assert cli_module.main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "float16" in out and "64x32" in out and "4.0 KiB" in out

@@ -809,25 +809,45 @@ def test_the_same_values_give_the_same_bytes_in_every_process(tmp_path):
 
 
 def test_large_loaded_tensors_start_on_a_huge_page_boundary(tmp_path, rng):
-    # Read into a 2 MiB-aligned stretch of a larger buffer, so that the transparent huge
-    # pages NumPy asks for cover all of a streamed weight; still frozen and private.
+    # Read into a 2 MiB-aligned stretch of a larger zeroed buffer, so that the
+    # transparent huge pages NumPy asks for cover all of a streamed weight.
     w = rng.standard_normal((2048, 2048)).astype(np.float32)  # 16 MiB
     q = fq.QuantizedLinear.from_linear(w, None, fq.QuantConfig.int4_per_channel())
     small = np.arange(10, dtype=np.float32)
-    fq.save(tmp_path / "m.safetensors", {"big": w, "small": small, "q": q.weight_quantized})
+    plain_codes = np.ones(4 << 20, np.int8)
+    fq.save(
+        tmp_path / "m.safetensors",
+        {"big": w, "small": small, "c": plain_codes, "q": q.weight_quantized},
+    )
+    # Memory an earlier tensor filled and freed: none of it shows through `.base`.
+    fq.save(tmp_path / "s.safetensors", {"s": np.full(6 << 20, 0x5A, np.uint8)})
+    for _ in range(3):
+        del fq.load(tmp_path / "s.safetensors")["s"]
     loaded = fq.load(tmp_path / "m.safetensors")
-    big = loaded["big"]
+    big, codes = loaded["big"], loaded["q"].data  # 16 MiB of float32, 2 MiB of packed codes
     np.testing.assert_array_equal(big, w)
     np.testing.assert_array_equal(loaded["small"], small)
-    assert big.__array_interface__["data"][0] % (2 << 20) == 0
     assert loaded["q"] == q.weight_quantized
-    codes = loaded["q"].data  # 2 MiB of packed codes
-    assert codes.__array_interface__["data"][0] % (2 << 20) == 0
     for arr in (big, codes):
+        assert arr.__array_interface__["data"][0] % (2 << 20) == 0
         assert not arr.flags.writeable
-        with pytest.raises(ValueError):
-            arr.flags.writeable = True  # a view of a read-only buffer the reader owns
-    # Private, so a layer built on the loaded weight holds it without a copy.
+        owner = arr.base
+        start = arr.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+        assert not owner[:start].any() and not owner[start + arr.nbytes :].any()
+        # Whole huge pages for the array, wherever it starts.
+        assert owner.nbytes >= start + -(-arr.nbytes // (2 << 20)) * (2 << 20)
+    # A plain tensor is the caller's, as one NumPy allocated would be: it may be made
+    # writable, so a frozen value built on it copies it.
+    c = loaded["c"]
+    assert c.__array_interface__["data"][0] % (2 << 20) == 0
+    frozen = fq.BlockwiseQuantized(c, np.ones(c.size // 64, np.float16), c.shape, 64)
+    assert not np.shares_memory(frozen.data, c)
+    c.flags.writeable = True
+    c[...] = -128
+    np.testing.assert_array_equal(frozen.data, plain_codes)
+    # A quantized value's arrays are the reader's: held without a copy, never writable.
+    with pytest.raises(ValueError):
+        codes.flags.writeable = True
     layer = fq.QuantizedLinear(loaded["q"])
     assert np.shares_memory(layer.weight_quantized.data, codes)
     x = rng.standard_normal(2048).astype(np.float32)

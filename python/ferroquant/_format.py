@@ -766,8 +766,8 @@ def _reader_owned(arr: np.ndarray) -> np.ndarray:
     """A read-only view of ``arr`` marked as the reader's own when ``arr`` owns its
     memory (bytes it allocated and filled): the view, not the owner, goes into the
     value, so its holder cannot set it writable again (NumPy refuses for a view of
-    a read-only owner). A view of immutable ``bytes``, or of a buffer the reader
-    marked (see :func:`empty_on_huge_pages`), is private already."""
+    a read-only owner). A view of immutable ``bytes``, or of a larger buffer the
+    reader marked (``FileReader._part``), is private already."""
     return owned(arr) if arr.base is None else arr
 
 
@@ -824,15 +824,17 @@ HUGE_PAGE = 2 << 20
 
 
 def empty_on_huge_pages(shape: Sequence[int], dtype: np.dtype) -> Tuple[np.ndarray, np.ndarray]:
-    """``(array, owner)``: ``np.empty(shape, dtype)`` and the array owning its memory.
+    """``(array, owner)``: an array of ``shape`` and ``dtype`` to be filled whole, and
+    the array owning its memory.
 
-    An array of 2 MiB or more starts on a 2 MiB boundary inside a byte buffer 2 MiB
-    larger (its owner). NumPy asks for transparent huge pages on arrays of 4 MiB or
-    more, but its allocation starts just past a 4 KiB page, so only the 2 MiB blocks
-    wholly inside get them: a quarter of an 8 MiB weight would stay on 4 KiB pages,
-    and the GEMV streaming it is slower for that (the output cache aligns the arrays
-    the kernels return the same way). The slack is never touched: address space,
-    not memory."""
+    An array of 2 MiB or more starts on a 2 MiB boundary inside a zeroed byte buffer
+    (its owner) of whole 2 MiB pages and one more. NumPy asks for transparent huge
+    pages on arrays of 4 MiB or more, but its allocation starts just past a 4 KiB
+    page, so only the 2 MiB blocks wholly inside get them: a quarter of an 8 MiB
+    weight would stay on 4 KiB pages, and the GEMV streaming it is slower for that
+    (the output cache aligns the arrays the kernels return the same way). The slack
+    stays zero (``calloc``: fresh pages are not even touched), so ``.base`` shows
+    nothing of earlier allocations."""
     count = 1
     for d in shape:
         count *= d
@@ -840,7 +842,12 @@ def empty_on_huge_pages(shape: Sequence[int], dtype: np.dtype) -> Tuple[np.ndarr
     if nbytes < HUGE_PAGE:
         arr = np.empty(shape, dtype)
         return arr, arr
-    owner = np.empty(nbytes + HUGE_PAGE, np.uint8)
+    padded = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE
+    try:
+        owner = np.zeros(padded, np.uint8)
+    except MemoryError:  # without room for the padding the array itself may fit
+        arr = np.empty(shape, dtype)
+        return arr, arr
     start = -int(owner.ctypes.data) % HUGE_PAGE
     return owner[start : start + nbytes].view(dtype).reshape(shape), owner
 
@@ -879,14 +886,27 @@ class FileReader:
         return list(self.tensors)
 
     def get(self, name: str) -> np.ndarray:
-        """A read-only array holding tensor ``name``."""
+        """A read-only array holding tensor ``name`` (the caller may make it writable:
+        its memory, or the buffer it views, is the caller's)."""
+        return self._read(name)[0]
+
+    def _part(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as part of a quantized value: read-only, and, when read into
+        a larger buffer, that buffer marked as the reader's (read-only and private,
+        see ``_reader_owned``) so that the value holds it without a copy."""
+        arr, owner = self._read(name)
+        if owner is not arr:
+            owned(owner)
+        return arr
+
+    def _read(self, name: str) -> Tuple[np.ndarray, np.ndarray]:
+        """Tensor ``name`` read into a fresh read-only array, and that array's owner
+        (see :func:`empty_on_huge_pages`)."""
         t = self.tensors[name]
         arr, owner = empty_on_huge_pages(t.shape, _numpy_dtype(t, name, self.path))
         self._read_into(name, arr.reshape(-1).view(np.uint8))
         arr.flags.writeable = False
-        if owner is not arr:
-            owned(owner)  # read-only and the reader's: no view of it becomes writable
-        return arr
+        return arr, owner
 
     def _read_into(self, name: str, raw: np.ndarray) -> None:
         """Fill ``raw`` (uint8, the tensor's byte count) with tensor ``name``'s bytes."""
@@ -922,14 +942,14 @@ class FileReader:
         (a quantized value's arrays must still be NumPy's)."""
         strict = self.get if read_plain else self.header
         if not self.opaque:
-            return decode(self.tensors, self.metadata, self.get, strict)
+            return decode(self.tensors, self.metadata, self._part, strict)
 
         def plain(name: str) -> Any:
             if self.is_opaque(name):
                 return self.opaque_tensor(name, read_plain)
             return strict(name)
 
-        return decode(self.tensors, self.metadata, self.get, plain)
+        return decode(self.tensors, self.metadata, self._part, plain)
 
     def header(self, name: str) -> ArrayHeader:
         """Tensor ``name`` as the header describes it (FormatError for a dtype NumPy

@@ -27,8 +27,9 @@
 //! tries once more. `set_output_cache(0)` turns it off and lets go of
 //! everything.
 //!
-//! Buffers of at least [`HUGE_MIN`] bytes are asked for [`HUGE_PAGE`] bytes
-//! larger, and their outputs start at the first 2 MiB boundary inside. NumPy
+//! Buffers of at least [`HUGE_MIN`] bytes are asked for whole 2 MiB pages and
+//! one more, and their outputs start at the first 2 MiB boundary inside (or,
+//! if that much memory is refused, are allocated at their size). NumPy
 //! asks the kernel for transparent huge pages on every array of 4 MiB or
 //! more, but an allocation starts 16 bytes past a 4 KiB page, so only the
 //! 2 MiB blocks wholly inside it get them: a quarter of an 8 MiB array stays
@@ -36,7 +37,9 @@
 //! 4096 x 4096 `forward` after a flush, Zen 4: 0.64-0.76 ms against
 //! 0.58-0.61 with the codes on a boundary). The slack is never written, so it
 //! costs address space, not memory (the huge page holding the view's last
-//! bytes may reach into it). `fq.load` reads large tensors the same way.
+//! bytes may reach into it), and it stays zero: a free buffer found writable
+//! (someone set `.base` writable to write to it) or resized is let go of,
+//! not reused. `fq.load` reads large tensors the same way.
 //!
 //! While handed out, a buffer is read-only (results and their views keep the
 //! flags they were made with): a frozen result's codes cannot be written
@@ -233,6 +236,16 @@ fn release_free(py: Python<'_>) -> PyResult<usize> {
     Ok(bytes)
 }
 
+/// Whether a free buffer was changed behind the cache's back: made writable
+/// again (through a result's `.base`; the cache leaves it read-only), so
+/// its slack may hold what someone wrote there, or resized. Such a buffer
+/// is let go of rather than handed out. (Writing it and setting it
+/// read-only again is not seen: the slack is the one part of a buffer no
+/// kernel overwrites.)
+fn tampered(buf: &Bound<'_, PyArray1<u8>>, e: &Entry) -> bool {
+    buf.len() < e.offset.saturating_add(e.bytes) || buf.try_readwrite().is_ok()
+}
+
 fn set_writeable(buf: &Bound<'_, PyArray1<u8>>, on: bool) -> PyResult<()> {
     buf.call_method1("setflags", (on,))?;
     Ok(())
@@ -251,27 +264,47 @@ fn buffer<'py>(py: Python<'py>, p: &Probe, bytes: usize) -> PyResult<Slot<'py>> 
     let capacity = CAPACITY.load(Ordering::Relaxed);
     let u8s = numpy::dtype::<u8>(py);
     let fresh = |py: Python<'py>| -> PyResult<Slot<'py>> {
-        let slack = if bytes >= HUGE_MIN { HUGE_PAGE } else { 0 };
-        let buf =
-            zeros_or_release(py, bytes.saturating_add(slack), &u8s)?.cast_into::<PyArray1<u8>>()?;
-        // The address only, never dereferenced here.
-        let at = buf.data() as usize;
-        let offset = if slack > 0 {
-            at.next_multiple_of(HUGE_PAGE) - at
-        } else {
-            0
-        };
-        Ok(Slot { buf, offset, bytes })
+        if bytes >= HUGE_MIN {
+            // Whole huge pages for the view wherever it starts, and one more
+            // to find the boundary in.
+            let padded = bytes
+                .checked_next_multiple_of(HUGE_PAGE)
+                .and_then(|b| b.checked_add(HUGE_PAGE));
+            let got = padded.map(|b| zeros_or_release(py, b, &u8s));
+            match got {
+                Some(Ok(buf)) => {
+                    let buf = buf.cast_into::<PyArray1<u8>>()?;
+                    // The address only, never dereferenced here.
+                    let at = buf.data() as usize;
+                    let offset = at.next_multiple_of(HUGE_PAGE) - at;
+                    return Ok(Slot { buf, offset, bytes });
+                }
+                // Without room for the padding, the output itself may fit.
+                Some(Err(e)) if !e.is_instance_of::<PyMemoryError>(py) => return Err(e),
+                _ => {}
+            }
+        }
+        let buf = zeros_or_release(py, bytes, &u8s)?.cast_into::<PyArray1<u8>>()?;
+        Ok(Slot {
+            buf,
+            offset: 0,
+            bytes,
+        })
     };
     let Ok(mut cache) = CACHE.try_lock() else {
         return fresh(py);
     };
     cache.clock += 1;
     let now = cache.clock;
-    // One scan: who holds each buffer (weakly held ones are let go of).
+    // One scan: who holds each buffer (weakly held ones are let go of, and
+    // so are free ones someone tampered with, see `tampered`).
     let mut states = Vec::with_capacity(cache.entries.len());
     for e in &cache.entries {
-        states.push(holders(py, p, &e.buf));
+        let state = match holders(py, p, &e.buf) {
+            Holders::None if tampered(e.buf.bind(py), e) => Holders::Weak,
+            state => state,
+        };
+        states.push(state);
     }
     let mut released = Vec::new();
     for i in (0..states.len()).rev() {
