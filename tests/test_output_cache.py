@@ -312,6 +312,29 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+def test_without_room_for_the_padding_an_output_is_allocated_at_its_size():
+    # Outputs of 2 MiB or more ask for up to 4 MiB more, to start on a huge-page
+    # boundary; a MemoryError for that alone must not fail the call.
+    code = """
+import resource
+import numpy as np
+import ferroquant as fq
+M = 1 << 20
+n = M // 2 + 1  # 2 MiB + 4 bytes of float32: 6 MiB asked for with the padding
+q = fq.quantize(np.ones(n, np.float32), fq.QuantConfig.int4())
+fq.dequantize(q)  # whatever a first call sets up
+fq.set_output_cache(0)  # nothing cached to let go of: only the padding does not fit
+fq.set_output_cache(256 * M)
+vm = int(open("/proc/self/statm").read().split()[0]) * 4096
+resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * M + 256 * 1024, resource.RLIM_INFINITY))
+y = fq.dequantize(q)
+assert y.shape == (n,) and float(y[0]) == 1.0 and float(y[-1]) == 1.0
+print("ok", y.__array_interface__["data"][0] % (2 * M) == 0)
+"""
+    r = run_python(code, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok False", (r.stdout, r.stderr)
+
+
 def test_a_replaced_getrefcount_turns_the_cache_off():
     code = """
 import sys
