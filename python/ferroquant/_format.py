@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -835,10 +836,7 @@ def empty_on_huge_pages(shape: Sequence[int], dtype: np.dtype) -> Tuple[np.ndarr
     (the output cache aligns the arrays the kernels return the same way). The slack
     stays zero (``calloc``: fresh pages are not even touched), so ``.base`` shows
     nothing of earlier allocations."""
-    count = 1
-    for d in shape:
-        count *= d
-    nbytes = count * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE:
         arr = np.empty(shape, dtype)
         return arr, arr
