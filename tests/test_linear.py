@@ -374,6 +374,7 @@ def test_pickles_rebuild_the_layer_from_private_arrays():
             ("garbage", {"_weight_q": layer.weight_quantized}),
             (None, {"_weight_q": layer.weight_quantized, "unknown": 1}),
             {"_native_head": ()},
+            {"_plan": None},
             {"tag": 1},  # plain layers have no attributes of their own
             [1, 2],
         ]

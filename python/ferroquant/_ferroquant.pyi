@@ -7,6 +7,7 @@ import numpy.typing as npt
 
 __all__ = [
     "CalibAccumulator",
+    "LinearPlan",
     "SpillFile",
     "__version__",
     "_hold_pool_lock",
@@ -157,6 +158,22 @@ def linear_forward(
     bias: Optional[npt.NDArray[np.float32]],
     dequant_dtype: str,
 ) -> npt.NDArray[np.float32]: ...
+
+@final
+class LinearPlan:
+    def __new__(
+        cls,
+        codes: npt.NDArray[np.integer],
+        bits: int,
+        out_features: int,
+        in_features: int,
+        scales: npt.NDArray[np.float64],
+        zero_points: npt.NDArray[np.float64],
+        bias: Optional[npt.NDArray[np.float32]],
+        dequant_dtype: str,
+    ) -> LinearPlan: ...
+    def __call__(self, x: object) -> Optional[npt.NDArray[np.float32]]: ...
+
 def fp32_to_fp16_bits(x: npt.NDArray[np.floating]) -> npt.NDArray[np.uint16]: ...
 def fp16_bits_to_fp32(bits: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]: ...
 def ptq_quantize(

@@ -394,10 +394,9 @@ def dequantize(q: QuantizedTensor) -> np.ndarray:
     return _dequantize_as(q, q.dtype)
 
 
-# NumPy's float32 descriptor: native-order float32 arrays carry this very object.
-_F32 = np.dtype(np.float32)
-#: The slots ``QuantizedLinear`` fills itself: never taken from a pickled state.
-_LINEAR_SLOTS = frozenset(("_bias", "_native_head", "_native_tail", "_weight_q"))
+#: The slots ``QuantizedLinear`` fills itself: never taken from a pickled state
+#: (``_native_head`` and ``_native_tail`` were slots before ``_plan``).
+_LINEAR_SLOTS = frozenset(("_bias", "_native_head", "_native_tail", "_plan", "_weight_q"))
 
 
 def _rebuild_linear(cls: type, weight_q: Any, bias: Any) -> QuantizedLinear:
@@ -423,7 +422,7 @@ class QuantizedLinear:
         ShapeMismatchError: the weight is not 2-D or the bias does not match.
     """
 
-    __slots__ = ("_bias", "_native_head", "_native_tail", "_weight_q")
+    __slots__ = ("_bias", "_plan", "_weight_q")
 
     def __init__(self, weight_q: QuantizedTensor, bias: Optional[Any] = None) -> None:
         if not isinstance(weight_q, QuantizedTensor):
@@ -442,17 +441,18 @@ class QuantizedLinear:
                     f"bias: expected shape ({weight_q.shape[0]},), got {b.shape}"
                 )
             self._bias = readonly(np.array(_finite_f32(b, "bias"), np.float32))
-        # The kernel's arguments around ``x`` and the token count, gathered once
-        # (the tensor is frozen): see ``forward``'s fast path.
+        # The kernel's arguments but ``x``, checked and prepared once (the tensor
+        # and the bias are frozen): see ``forward``'s fast path.
         q, (out_f, in_f) = weight_q, weight_q.shape
-        self._native_head = (q.data, q.config.bits, out_f, in_f, q.scales, q.zero_points)
-        self._native_tail = (self._bias, q.dtype)
+        self._plan = _native.LinearPlan(
+            q.data, q.config.bits, out_f, in_f, q.scales, q.zero_points, self._bias, q.dtype
+        )
 
     def __reduce__(self) -> Tuple[Any, ...]:
         # Pickled through the constructor, never as its slots: the layer is rebuilt
         # from the weight as the weight's own pickling restores it (buffers passed
         # out of band copied into private read-only arrays) and the bias as a
-        # private read-only copy, and ``forward``'s argument cache is rebuilt from
+        # private read-only copy, and ``forward``'s prepared plan is rebuilt from
         # those. Pickled slots carried the cache as a plain tuple, pointing at the
         # caller's buffers after a protocol-5 load. A subclass keeps its class and
         # its own attributes (its ``__init__`` is not called).
@@ -486,12 +486,10 @@ class QuantizedLinear:
                 raise TypeError("QuantizedLinear: unrecognised pickled state")
             attrs = {**(state[0] or {}), **state[1]}
             QuantizedLinear.__init__(self, attrs.pop("_weight_q"), attrs.pop("_bias", None))
-            attrs.pop("_native_head", None)
-            attrs.pop("_native_tail", None)
+            for name in _LINEAR_SLOTS:
+                attrs.pop(name, None)
         elif (
-            isinstance(state, dict)
-            and not _LINEAR_SLOTS & state.keys()
-            and hasattr(self, "_native_head")
+            isinstance(state, dict) and not _LINEAR_SLOTS & state.keys() and hasattr(self, "_plan")
         ):
             attrs = state  # a subclass's own attributes, after _rebuild_linear
         else:
@@ -569,20 +567,14 @@ class QuantizedLinear:
             NonFiniteError: ``x`` holds NaN or an infinity (or a value beyond float32).
         """
         # The common call, a C-contiguous float32 token or batch, goes straight to
-        # the kernel. Between layers a model's weights evict the caches, and there
-        # each step of the general path below costs microseconds of misses: 55-70
-        # us in all for a 4096-wide token after a 64 MiB copy (Zen 4), a tenth of
-        # an int4 4096 x 4096 product.
-        if type(x) is np.ndarray and x.dtype is _F32:
-            head = self._native_head
-            shape = x.shape
-            if 0 < len(shape) < 3 and shape[-1] == head[3]:
-                flags = x.flags
-                if flags.c_contiguous and flags.aligned:
-                    if len(shape) == 1:
-                        return _native.linear_forward(*head, x, 1, *self._native_tail)
-                    flat = _native.linear_forward(*head, x, shape[0], *self._native_tail)
-                    return flat.reshape(shape[0], head[2])
+        # the kernel: the plan checks ``x`` itself and returns None for any other.
+        # Between layers a model's weights evict the caches, and there each step
+        # of the general path below costs microseconds of misses: 55-70 us in all
+        # for a 4096-wide token after a 64 MiB copy (Zen 4), a tenth of an int4
+        # 4096 x 4096 product; checking ``x`` here in Python still cost 15-20 us.
+        out = self._plan(x)
+        if out is not None:
+            return out
         arr = float_input(x, "x")
         if arr.ndim == 0 or arr.shape[-1] != self.in_features:
             raise ShapeMismatchError(

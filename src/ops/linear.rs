@@ -266,7 +266,103 @@ pub fn linear_forward_with(
 ) -> Result<()> {
     let _env = simd::fpenv::Pinned::new();
     validate(w, x.len(), tokens, bias, out.len())?;
+    let params = RowParams::new(w)?;
+    forward_checked(isa, w, &params, x, tokens, bias, out)
+}
+
+/// A weight's row parameters as the dot products use them, worked out once
+/// for a layer that runs many forward passes (the bindings' `LinearPlan`):
+/// each row's scale and zero point rounded to f32, and whether the f32 dot
+/// path is within an ulp of `dequantize` for every row. Each call otherwise
+/// reads the f64 parameters twice (16 bytes a row, from memory between a
+/// model's layers) and spends microseconds on the check.
+#[derive(Debug, Clone)]
+pub(crate) struct RowParams {
+    /// `out_features` of each (a per-tensor weight's one value repeated).
+    scales: Vec<f32>,
+    zero_points: Vec<f32>,
+    f32_exact: bool,
+}
+
+impl RowParams {
+    /// The parameters of `w`, whose scales and zero points are `out_features`
+    /// or one of each (as [`validate`] requires).
+    pub(crate) fn new(w: &QuantizedWeight<'_>) -> Result<Self> {
+        let out_f = w.shape[0];
+        let what = "the weight's f32 row parameters";
+        let (mut scales, mut zero_points) = (
+            try_filled(out_f, 0f32, what)?,
+            try_filled(out_f, 0f32, what)?,
+        );
+        let one = w.scales.len() == 1;
+        for (r, (s, z)) in scales.iter_mut().zip(zero_points.iter_mut()).enumerate() {
+            let j = if one { 0 } else { r };
+            (*s, *z) = (w.scales[j] as f32, w.zero_points[j] as f32);
+        }
+        // The dot path dequantizes in f32: `(q − zp) · scale` with the scale
+        // rounded to f32. Where that is not within an ulp of `dequantize` (a
+        // scale outside f32's normal range, a zero point beyond 2^22) or could
+        // overflow (|scale| · (|zp| + 128) not below f32::MAX, padding's code 0
+        // included), every row takes the panel path, which dequantizes as
+        // `dequantize` does. (A fold, not `all`: it vectorizes.)
+        let f32_exact = w
+            .scales
+            .iter()
+            .zip(w.zero_points)
+            .fold(true, |ok, (&s, &z)| {
+                let s32 = s as f32;
+                let widest = (s32 as f64).abs() * (z.abs() + 128.0);
+                // `|s32|` in [MIN_POSITIVE, MAX]: normal (NaN fails both).
+                let normal = (s32.abs() >= f32::MIN_POSITIVE) & (s32.abs() <= f32::MAX);
+                ok & (normal | (s == 0.0))
+                    & (z.abs() < (1u32 << 22) as f64)
+                    & (widest < f32::MAX as f64)
+            });
+        Ok(RowParams {
+            scales,
+            zero_points,
+            f32_exact,
+        })
+    }
+}
+
+#[cfg_attr(not(feature = "python"), allow(dead_code))] // the bindings' plan
+/// [`linear_forward_with`] with `w`'s [`RowParams`] worked out before
+/// (`params` must be `RowParams::new(w)`'s, for this very weight).
+pub(crate) fn linear_forward_prepared(
+    isa: Isa,
+    w: &QuantizedWeight<'_>,
+    params: &RowParams,
+    x: &[f32],
+    tokens: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
+    let _env = simd::fpenv::Pinned::new();
+    validate(w, x.len(), tokens, bias, out.len())?;
+    if params.scales.len() != w.shape[0] {
+        return Err(mismatch(
+            "scales",
+            &format!("row parameters of {} rows", w.shape[0]),
+            params.scales.len().to_string(),
+        ));
+    }
+    forward_checked(isa, w, params, x, tokens, bias, out)
+}
+
+/// The forward pass once the arguments passed [`validate`], in the default
+/// floating-point environment.
+fn forward_checked(
+    isa: Isa,
+    w: &QuantizedWeight<'_>,
+    params: &RowParams,
+    x: &[f32],
+    tokens: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
     let [out_f, in_f] = w.shape;
+    let f32_exact = params.f32_exact;
     if simd::absmax_bits(isa, x) >= simd::F32_INF_BITS {
         let index = simd::scalar::first_non_finite(x);
         return Err(QuantError::NonFinite { arg: "x", index });
@@ -283,16 +379,6 @@ pub fn linear_forward_with(
         }
         return Ok(());
     }
-    // The dot path dequantizes in f32: `(q − zp) · scale` with the scale
-    // rounded to f32. Where that is not within an ulp of `dequantize` (a scale
-    // outside f32's normal range, a zero point beyond 2^22) or could overflow
-    // (|scale| · (|zp| + 128) not below f32::MAX, padding's code 0 included),
-    // every row takes the panel path, which dequantizes as `dequantize` does.
-    let f32_exact = w.scales.iter().zip(w.zero_points).all(|(&s, &z)| {
-        let s32 = s as f32;
-        let widest = (s32 as f64).abs() * (z.abs() + 128.0);
-        (s32.is_normal() || s == 0.0) && z.abs() < (1u32 << 22) as f64 && widest < f32::MAX as f64
-    });
     // The dot paths scale each row's sum once, after it: a subnormal x
     // would round its products to the subnormal grid first, an error the
     // scale could magnify. Rare enough to send to the panel path.
@@ -316,6 +402,7 @@ pub fn linear_forward_with(
     let job = Job {
         isa,
         w: *w,
+        params,
         x,
         act: &act,
         tokens,
@@ -377,7 +464,7 @@ pub fn linear_forward_with(
     // f64, each such row's weights dequantized once for all its tokens (a
     // weight holding an infinity makes every output of its row non-finite:
     // one redo per output took 2 s for 16 tokens of a 4096² weight).
-    if out.iter().any(|v| !v.is_finite()) {
+    if out.iter().fold(false, |any, v| any | !v.is_finite()) {
         let mut redo = try_filled(out_f, false, "the rows to redo")?;
         for (j, v) in out.iter().enumerate() {
             redo[j % out_f] |= !v.is_finite();
@@ -468,9 +555,7 @@ impl Activation {
         for (t, xt) in x.chunks_exact(in_f).enumerate() {
             let row = &mut buf[start + t * stride..start + (t + 1) * stride];
             if planes {
-                for (i, &v) in xt.iter().enumerate() {
-                    row[simd::scalar::plane_index(i)] = v;
-                }
+                simd::scalar::nibble_planes_into(xt, row);
             } else {
                 row[..in_f].copy_from_slice(xt);
             }
@@ -506,6 +591,7 @@ fn mismatch(arg: &'static str, expected: &str, actual: String) -> QuantError {
 struct Job<'a> {
     isa: Isa,
     w: QuantizedWeight<'a>,
+    params: &'a RowParams,
     x: &'a [f32],
     /// The activation as the dot products read it (few tokens only).
     act: &'a Activation,
@@ -597,11 +683,10 @@ impl Job<'_> {
         let [_, in_f] = self.w.shape;
         let n = r1 - r0;
         let what = "the dot products' rows";
-        let (mut scales, mut zps) = (try_filled(n, 0f32, what)?, try_filled(n, 0f32, what)?);
-        for r in r0..r1 {
-            let (s, z) = self.params(r);
-            (scales[r - r0], zps[r - r0]) = (s as f32, z as f32);
-        }
+        let (scales, zps) = (
+            &self.params.scales[r0..r1],
+            &self.params.zero_points[r0..r1],
+        );
         let mut acc = try_filled(n, 0f32, what)?;
         let mut res = try_filled(
             n.saturating_mul(self.tokens),
@@ -616,13 +701,13 @@ impl Job<'_> {
                 WeightCodes::Int8(c) => {
                     let q = &c[r0 * in_f..];
                     let xt = self.act.token(self.x, t, in_f);
-                    simd::dot_dequant_i8_rows(self.isa, q, in_f, &zps, &scales, xt, &mut acc);
+                    simd::dot_dequant_i8_rows(self.isa, q, in_f, zps, scales, xt, &mut acc);
                 }
                 WeightCodes::Int4(p) if in_f % 2 == 0 => {
                     let (stride, bytes) = (in_f / 2, &p[r0 * in_f / 2..]);
                     let xs = self.act.token(self.x, t, simd::scalar::planes_len(in_f));
                     simd::dot_dequant_i4_rows(
-                        self.isa, bytes, stride, in_f, &zps, &scales, xs, &mut acc,
+                        self.isa, bytes, stride, in_f, zps, scales, xs, &mut acc,
                     );
                 }
                 WeightCodes::Int4(p) => {
@@ -777,5 +862,89 @@ fn widened_from<O: Float>(isa: Isa, q: &[i8], zp: f64, scale: f64, row: &mut [f3
         let v = &mut v[..qs.len()];
         stage::affine_values(isa, qs, zp, scale, v, &mut Scratch::new(), Store::Cached);
         O::convert_to_f32(isa, v, rs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weight<'a>(
+        codes: WeightCodes<'a>,
+        shape: [usize; 2],
+        scales: &'a [f64],
+        zero_points: &'a [f64],
+    ) -> QuantizedWeight<'a> {
+        QuantizedWeight {
+            codes,
+            shape,
+            scales,
+            zero_points,
+            dequant: DequantDtype::F32,
+        }
+    }
+
+    #[test]
+    fn prepared_forward_matches_the_one_shot_call_bit_for_bit() {
+        let (out_f, in_f) = (37, 130);
+        let mut s = 7u32;
+        let mut next = move || {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            s >> 8
+        };
+        let i8s: Vec<i8> = (0..out_f * in_f).map(|_| next() as u8 as i8).collect();
+        let packed: Vec<u8> = (0..packed_len(out_f * in_f))
+            .map(|_| next() as u8)
+            .collect();
+        let x: Vec<f32> = (0..3 * in_f).map(|_| next() as f32 / 4e6 - 2.0).collect();
+        let bias: Vec<f32> = (0..out_f).map(|r| r as f32 / 8.0).collect();
+        let scales: Vec<f64> = (0..out_f).map(|r| 0.01 + r as f64 * 1e-3).collect();
+        let zps: Vec<f64> = (0..out_f).map(|r| (r % 5) as f64 - 2.0).collect();
+        // Per channel, per tensor, and a scale below f32's normal range (every
+        // row on the panel path).
+        let params: [(&[f64], &[f64]); 3] =
+            [(&scales, &zps), (&[0.02], &[1.0]), (&[1e-40], &[0.0])];
+        // An odd row length too (int4 rows then start in either nibble).
+        for (in_f, codes) in [
+            (in_f, WeightCodes::Int8(&i8s)),
+            (in_f, WeightCodes::Int4(&packed)),
+            (67, WeightCodes::Int4(&packed[..packed_len(out_f * 67)])),
+        ] {
+            for (sc, zp) in params {
+                let w = weight(codes, [out_f, in_f], sc, zp);
+                let prepared = RowParams::new(&w).unwrap();
+                for tokens in [0, 1, 3] {
+                    let xs = &x[..tokens * in_f];
+                    for b in [None, Some(&bias[..])] {
+                        let (mut want, mut got) =
+                            (vec![0f32; tokens * out_f], vec![1f32; tokens * out_f]);
+                        linear_forward_with(Isa::detected(), &w, xs, tokens, b, &mut want).unwrap();
+                        linear_forward_prepared(
+                            Isa::detected(),
+                            &w,
+                            &prepared,
+                            xs,
+                            tokens,
+                            b,
+                            &mut got,
+                        )
+                        .unwrap();
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "{codes:?} {sc:?} tokens {tokens}");
+                    }
+                }
+            }
+        }
+        // Row parameters of another weight's row count are refused.
+        let w = weight(WeightCodes::Int8(&i8s), [out_f, in_f], &scales, &zps);
+        let short = weight(WeightCodes::Int8(&i8s[..in_f]), [1, in_f], &[0.5], &[0.0]);
+        let other = RowParams::new(&short).unwrap();
+        let mut out = vec![0f32; out_f];
+        let err =
+            linear_forward_prepared(Isa::detected(), &w, &other, &x[..in_f], 1, None, &mut out);
+        assert!(
+            matches!(err, Err(QuantError::ShapeMismatch { arg: "scales", .. })),
+            "{err:?}"
+        );
     }
 }

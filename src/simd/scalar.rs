@@ -88,6 +88,27 @@ pub fn nibble_planes(x: &[f32]) -> Vec<f32> {
     out
 }
 
+/// [`nibble_planes`] of `x` into `out` (at least [`planes_len`] of its
+/// length; padding positions are left as they are): a block's 16 × 8
+/// elements transposed to 8 × 16, whole blocks with fixed indices.
+pub fn nibble_planes_into(x: &[f32], out: &mut [f32]) {
+    let whole = x.len() - x.len() % PLANE_BLOCK;
+    let (xb, xt) = x.split_at(whole);
+    for (xb, ob) in xb
+        .chunks_exact(PLANE_BLOCK)
+        .zip(out.chunks_exact_mut(PLANE_BLOCK))
+    {
+        for p in 0..8 {
+            for d in 0..16 {
+                ob[16 * p + d] = xb[8 * d + p];
+            }
+        }
+    }
+    for (i, &v) in xt.iter().enumerate() {
+        out[plane_index(whole + i)] = v;
+    }
+}
+
 /// Length of [`nibble_planes`] of `n` elements.
 #[inline(always)]
 pub fn planes_len(n: usize) -> usize {
