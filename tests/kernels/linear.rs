@@ -527,3 +527,19 @@ fn weights_past_the_f32_range_sum_to_their_true_value() {
         }
     }
 }
+
+#[test]
+fn nibble_planes_into_transposes_as_the_scatter_does() {
+    // Whole blocks, tails of every length, and padding left untouched.
+    for n in (0..300).chain([1023, 1024, 1025, 4096]) {
+        let x = floats(n, 77 + n as u64);
+        let want = scalar::nibble_planes(&x);
+        let mut got = vec![-1.5f32; want.len()];
+        scalar::nibble_planes_into(&x, &mut got);
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            let padding = scalar::plane_element(k) >= n;
+            let expect = if padding { -1.5 } else { *w };
+            assert_eq!(g.to_bits(), expect.to_bits(), "n {n} position {k}");
+        }
+    }
+}
