@@ -92,6 +92,25 @@ def _shapes(args: Tuple[Any, ...]) -> str:
 CALLS = {"count": 0}
 
 
+def _agree(name: str, calls: List[Callable[[], Any]]) -> Any:
+    """Run the end-fenced and start-fenced calls: both must agree (or raise the same
+    exception type)."""
+    results = []
+    for f in calls:
+        try:
+            results.append(("ok", f()))
+        except Exception as e:  # compared below, then re-raised
+            results.append(("err", e))
+    (k1, r1), (k2, r2) = results
+    if k1 != k2 or (k1 == "err" and type(r1) is not type(r2)):
+        raise AssertionError(f"{name}: end-fenced {r1!r} but start-fenced {r2!r}")
+    if k1 == "err":
+        raise r2
+    if not _same(r1, r2):
+        raise AssertionError(f"{name}: the result depends on the input's placement")
+    return r2
+
+
 def _pure(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Call ``fn`` with inputs fenced at their end, then at their start; both must
     agree (or raise the same exception type)."""
@@ -99,22 +118,31 @@ def _pure(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         CALLS["count"] += 1
         print(f"call {name}({_shapes(args)})", file=sys.stderr, flush=True)
-        results = []
-        for at_end in (True, False):
-            try:
-                results.append(("ok", fn(*_fence_args(args, at_end))))
-            except Exception as e:  # compared below, then re-raised
-                results.append(("err", e))
-        (k1, r1), (k2, r2) = results
-        if k1 != k2 or (k1 == "err" and type(r1) is not type(r2)):
-            raise AssertionError(f"{name}: end-fenced {r1!r} but start-fenced {r2!r}")
-        if k1 == "err":
-            raise r2
-        if not _same(r1, r2):
-            raise AssertionError(f"{name}: the result depends on the input's placement")
-        return r2
+        return _agree(name, [lambda e=e: fn(*_fence_args(args, e)) for e in (True, False)])
 
     return call
+
+
+_REAL_PLAN = native.LinearPlan
+
+
+class _Plan:
+    """``LinearPlan`` (``QuantizedLinear.forward``'s fast path) built twice, on the
+    weight's arrays fenced at their end and at their start; a call runs both, on an
+    ``x`` the fast path takes fenced the same way (any other ``x`` as it is)."""
+
+    def __init__(self, *args: Any) -> None:
+        self._plans = [_REAL_PLAN(*_fence_args(args, e)) for e in (True, False)]
+
+    def __call__(self, x: Any) -> Any:
+        CALLS["count"] += 1
+        print(f"call LinearPlan({_shapes((x,))})", file=sys.stderr, flush=True)
+        direct = type(x) is np.ndarray and x.flags.c_contiguous
+        calls = [
+            lambda p=p, e=e: p(fenced(x, e) if direct else x)
+            for p, e in zip(self._plans, (True, False), strict=True)
+        ]
+        return _agree("LinearPlan", calls)
 
 
 def _in_place(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -178,6 +206,7 @@ def install() -> None:
         setattr(native, name, _pure(name, getattr(native, name)))
     native.smooth_in_place = _in_place(native.smooth_in_place)
     native.CalibAccumulator = _Accumulator
+    native.LinearPlan = _Plan
 
 
 LENGTHS = [*range(131), 191, 255, 256, 257, 1000, 1023, 4095, 4097, 16385]
