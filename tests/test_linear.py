@@ -385,6 +385,38 @@ def test_pickles_rebuild_the_layer_from_private_arrays():
             fq.QuantizedLinear.__new__(fq.QuantizedLinear).__setstate__({})
 
 
+def test_a_failed_rebuild_leaves_the_layer_as_it_was():
+    """``__init__`` called again with a bad bias, or an old-style pickled state on a
+    built layer, changes nothing: both paths still give the first layer's result."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((4, 8)).astype(np.float32)
+    layer = fq.QuantizedLinear.from_linear(w, np.ones(4, np.float32))
+    other = fq.QuantizedLinear.from_linear(w * 10)
+    x = rng.standard_normal(8).astype(np.float32)
+    want = layer.forward(x).tobytes()
+    with pytest.raises(fq.ShapeMismatchError, match="bias"):
+        layer.__init__(other.weight_quantized, np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="pickled state"):
+        layer.__setstate__((None, {"_weight_q": other.weight_quantized, "_bias": None}))
+    assert layer.weight_quantized is not other.weight_quantized
+    for arg in (x, x.astype(">f4")):  # the plan, and the general path
+        assert layer.forward(arg).tobytes() == want
+
+
+def test_the_native_plan_refuses_other_code_widths():
+    from ferroquant import _ferroquant
+
+    codes, ones, zeros = np.zeros(8, np.int8), np.ones(2), np.zeros(2)
+    with pytest.raises(ValueError, match="bits: expected 8 or 4, got 3"):
+        _ferroquant.LinearPlan(codes, 3, 2, 4, ones, zeros, None, "float32")
+    x = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="bits: expected 8 or 4, got 16"):
+        _ferroquant.linear_forward(codes, 16, 2, 4, ones, zeros, x, 1, None, "float32")
+    plan = _ferroquant.LinearPlan(codes + 1, 8, 2, 4, ones, zeros, None, "float32")
+    assert plan(x).tolist() == [4.0, 4.0]
+    assert plan(x.astype(np.float64)) is None  # the general path's to take
+
+
 class _Tagged(fq.QuantizedLinear):
     pass
 
@@ -407,8 +439,10 @@ def test_subclasses_keep_their_class_and_attributes_through_copies():
     x = rng.standard_normal(16).astype(np.float32)
     tagged = _Tagged.from_linear(w, None, fq.QuantConfig.int8_per_channel())
     tagged.tag = "kept"
+    tagged._native_tail = "its own"  # a name the layer itself used before its plan
     scaled = _Scaled(fq.quantize(w, fq.QuantConfig.int4_per_channel()), 2.0)
-    cases = [(tagged, {"tag": "kept"}), (scaled, {"scale": 2.0, "_Scaled__private": -2.0})]
+    tagged_attrs = {"tag": "kept", "_native_tail": "its own"}
+    cases = [(tagged, tagged_attrs), (scaled, {"scale": 2.0, "_Scaled__private": -2.0})]
     for layer, attrs in cases:
         want = layer.forward(x).tobytes()
         copies = [copy.copy(layer), copy.deepcopy(layer)]
@@ -420,7 +454,8 @@ def test_subclasses_keep_their_class_and_attributes_through_copies():
                 assert getattr(c, name) == value
     # The slot state older versions wrote for a subclass, attributes included.
     old = _Tagged.__new__(_Tagged)
-    old.__setstate__(({"tag": "old"}, {"_weight_q": tagged.weight_quantized, "_bias": None}))
+    slots = {"_weight_q": tagged.weight_quantized, "_bias": None, "_native_head": ()}
+    old.__setstate__(({"tag": "old"}, slots))
     assert old.tag == "old" and old.forward(x).tobytes() == tagged.forward(x).tobytes()
 
 

@@ -394,9 +394,10 @@ def dequantize(q: QuantizedTensor) -> np.ndarray:
     return _dequantize_as(q, q.dtype)
 
 
-#: The slots ``QuantizedLinear`` fills itself: never taken from a pickled state
-#: (``_native_head`` and ``_native_tail`` were slots before ``_plan``).
-_LINEAR_SLOTS = frozenset(("_bias", "_native_head", "_native_tail", "_plan", "_weight_q"))
+#: The slots ``QuantizedLinear`` fills itself: never taken from a pickled state.
+_LINEAR_SLOTS = frozenset(("_bias", "_plan", "_weight_q"))
+#: Its slots before ``_plan``, found in states pickled before ``__reduce__``.
+_OLD_LINEAR_SLOTS = frozenset(("_native_head", "_native_tail"))
 
 
 def _rebuild_linear(cls: type, weight_q: Any, bias: Any) -> QuantizedLinear:
@@ -432,21 +433,23 @@ class QuantizedLinear:
                 f"weight_q: expected a 2-D (out_features, in_features) weight, "
                 f"got shape {weight_q.shape}"
             )
-        self._weight_q = weight_q
-        self._bias: Optional[np.ndarray] = None
+        frozen_bias: Optional[np.ndarray] = None
         if bias is not None:
             b = float_input(bias, "bias")
             if b.shape != (weight_q.shape[0],):
                 raise ShapeMismatchError(
                     f"bias: expected shape ({weight_q.shape[0]},), got {b.shape}"
                 )
-            self._bias = readonly(np.array(_finite_f32(b, "bias"), np.float32))
+            frozen_bias = readonly(np.array(_finite_f32(b, "bias"), np.float32))
         # The kernel's arguments but ``x``, checked and prepared once (the tensor
         # and the bias are frozen): see ``forward``'s fast path.
         q, (out_f, in_f) = weight_q, weight_q.shape
-        self._plan = _native.LinearPlan(
-            q.data, q.config.bits, out_f, in_f, q.scales, q.zero_points, self._bias, q.dtype
+        plan = _native.LinearPlan(
+            q.data, q.config.bits, out_f, in_f, q.scales, q.zero_points, frozen_bias, q.dtype
         )
+        # All three together, once everything above has passed: a failed call
+        # leaves the layer as it was.
+        self._weight_q, self._bias, self._plan = weight_q, frozen_bias, plan
 
     def __reduce__(self) -> Tuple[Any, ...]:
         # Pickled through the constructor, never as its slots: the layer is rebuilt
@@ -476,9 +479,11 @@ class QuantizedLinear:
 
     def __setstate__(self, state: Any) -> None:
         if isinstance(state, tuple):
-            # Written before ``__reduce__``: object's default ``(dict or None, slots)``.
+            # Written before ``__reduce__``: object's default ``(dict or None, slots)``,
+            # restored into a blank instance only (a built layer stays as it is).
             if (
-                len(state) != 2
+                hasattr(self, "_plan")
+                or len(state) != 2
                 or not (state[0] is None or isinstance(state[0], dict))
                 or not isinstance(state[1], dict)
                 or "_weight_q" not in state[1]
@@ -486,7 +491,7 @@ class QuantizedLinear:
                 raise TypeError("QuantizedLinear: unrecognised pickled state")
             attrs = {**(state[0] or {}), **state[1]}
             QuantizedLinear.__init__(self, attrs.pop("_weight_q"), attrs.pop("_bias", None))
-            for name in _LINEAR_SLOTS:
+            for name in _LINEAR_SLOTS | _OLD_LINEAR_SLOTS:
                 attrs.pop(name, None)
         elif (
             isinstance(state, dict) and not _LINEAR_SLOTS & state.keys() and hasattr(self, "_plan")

@@ -96,11 +96,8 @@ impl LinearPlan {
         bias: Option<&Bound<'_, PyAny>>,
         dequant_dtype: &str,
     ) -> PyResult<Self> {
-        let dequant = DequantDtype::from_name(dequant_dtype).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "dequant_dtype: expected float32, float64, float16 or bfloat16, got {dequant_dtype:?}"
-            ))
-        })?;
+        let dequant = parse_dequant(dequant_dtype)?;
+        let bits = code_bits(bits)?;
         let scales = exact::<f64>("scales", "float64", scales)?
             .as_slice()?
             .to_vec();
@@ -112,31 +109,26 @@ impl LinearPlan {
                 Ok(exact::<f32>("bias", "float32", b)?.as_slice()?.to_vec())
             })
             .transpose()?;
-        let (codes, params) = if bits == 4 {
-            let c = exact::<u8>("data", "uint8", codes)?;
-            let w = QuantizedWeight {
-                codes: WeightCodes::Int4(c.as_slice()?),
-                shape: [out_features, in_features],
-                scales: &scales,
-                zero_points: &zero_points,
-                dequant,
-            };
-            let p = prepare(&w, bias.as_deref());
-            (PlanCodes::Int4(Bound::clone(&c).unbind()), p)
+        let (i8c, u8c);
+        let (weight_codes, held) = if bits == 4 {
+            u8c = exact::<u8>("data", "uint8", codes)?;
+            let held = PlanCodes::Int4(Bound::clone(&u8c).unbind());
+            (WeightCodes::Int4(u8c.as_slice()?), held)
         } else {
-            let c = exact::<i8>("data", "int8", codes)?;
-            let w = QuantizedWeight {
-                codes: WeightCodes::Int8(c.as_slice()?),
-                shape: [out_features, in_features],
-                scales: &scales,
-                zero_points: &zero_points,
-                dequant,
-            };
-            let p = prepare(&w, bias.as_deref());
-            (PlanCodes::Int8(Bound::clone(&c).unbind()), p)
+            i8c = exact::<i8>("data", "int8", codes)?;
+            let held = PlanCodes::Int8(Bound::clone(&i8c).unbind());
+            (WeightCodes::Int8(i8c.as_slice()?), held)
         };
+        let w = QuantizedWeight {
+            codes: weight_codes,
+            shape: [out_features, in_features],
+            scales: &scales,
+            zero_points: &zero_points,
+            dequant,
+        };
+        let params = prepare(&w, bias.as_deref());
         Ok(LinearPlan {
-            codes,
+            codes: held,
             shape: [out_features, in_features],
             scales,
             zero_points,
@@ -215,9 +207,27 @@ impl LinearPlan {
 /// The row parameters of a weight that passes `linear_forward`'s checks
 /// (with no activation), else `None`.
 fn prepare(w: &QuantizedWeight<'_>, bias: Option<&[f32]>) -> Option<linear::RowParams> {
-    let mut none: [f32; 0] = [];
-    linear::linear_forward(w, &[], 0, bias, &mut none).ok()?;
+    linear::check_weight(w, bias).ok()?;
     linear::RowParams::new(w).ok()
+}
+
+/// `bits`, which must be 8 (int8 codes) or 4 (packed int4 codes).
+fn code_bits(bits: u32) -> PyResult<u32> {
+    match bits {
+        4 | 8 => Ok(bits),
+        _ => Err(PyValueError::new_err(format!(
+            "bits: expected 8 or 4, got {bits}"
+        ))),
+    }
+}
+
+/// The dtype named `name`, one `dequantize` can give.
+fn parse_dequant(name: &str) -> PyResult<DequantDtype> {
+    DequantDtype::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "dequant_dtype: expected float32, float64, float16 or bfloat16, got {name:?}"
+        ))
+    })
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -247,11 +257,8 @@ pub(crate) fn linear_forward<'py>(
     bias: Option<&Bound<'py, PyAny>>,
     dequant_dtype: &str,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-    let dequant = DequantDtype::from_name(dequant_dtype).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "dequant_dtype: expected float32, float64, float16 or bfloat16, got {dequant_dtype:?}"
-        ))
-    })?;
+    let dequant = parse_dequant(dequant_dtype)?;
+    let bits = code_bits(bits)?;
     let s = exact::<f64>("scales", "float64", scales)?;
     let z = exact::<f64>("zero_points", "float64", zero_points)?;
     // Any of the four float dtypes, converted a block of tokens at a time.

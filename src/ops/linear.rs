@@ -192,6 +192,13 @@ pub fn linear_forward_from<T: Float>(
     Ok(())
 }
 
+/// The checks of [`linear_forward`] on the weight's side (its codes, scales
+/// and zero points, and the bias), as for a call with no activation.
+#[cfg_attr(not(feature = "python"), allow(dead_code))] // the bindings' plan
+pub(crate) fn check_weight(w: &QuantizedWeight<'_>, bias: Option<&[f32]>) -> Result<()> {
+    validate(w, 0, 0, bias, 0)
+}
+
 /// The checks of [`linear_forward`], in its order: the weight's codes, the
 /// scales, `x`'s length, the bias, the output's length.
 fn validate(
@@ -272,13 +279,14 @@ pub fn linear_forward_with(
 
 /// A weight's row parameters as the dot products use them, worked out once
 /// for a layer that runs many forward passes (the bindings' `LinearPlan`):
-/// each row's scale and zero point rounded to f32, and whether the f32 dot
-/// path is within an ulp of `dequantize` for every row. Each call otherwise
-/// reads the f64 parameters twice (16 bytes a row, from memory between a
-/// model's layers) and spends microseconds on the check.
+/// each scale and zero point rounded to f32, and whether the f32 dot path is
+/// within an ulp of `dequantize` for every row. Each call otherwise reads
+/// the f64 parameters twice (16 bytes a row, from memory between a model's
+/// layers) and spends microseconds on the check.
 #[derive(Debug, Clone)]
 pub(crate) struct RowParams {
-    /// `out_features` of each (a per-tensor weight's one value repeated).
+    /// As many as the weight's scales: `out_features`, or one for the whole
+    /// tensor (never more than the weight's own parameters).
     scales: Vec<f32>,
     zero_points: Vec<f32>,
     f32_exact: bool,
@@ -288,16 +296,15 @@ impl RowParams {
     /// The parameters of `w`, whose scales and zero points are `out_features`
     /// or one of each (as [`validate`] requires).
     pub(crate) fn new(w: &QuantizedWeight<'_>) -> Result<Self> {
-        let out_f = w.shape[0];
+        let k = w.scales.len().min(w.zero_points.len());
         let what = "the weight's f32 row parameters";
-        let (mut scales, mut zero_points) = (
-            try_filled(out_f, 0f32, what)?,
-            try_filled(out_f, 0f32, what)?,
-        );
-        let one = w.scales.len() == 1;
-        for (r, (s, z)) in scales.iter_mut().zip(zero_points.iter_mut()).enumerate() {
-            let j = if one { 0 } else { r };
-            (*s, *z) = (w.scales[j] as f32, w.zero_points[j] as f32);
+        let (mut scales, mut zero_points) =
+            (try_filled(k, 0f32, what)?, try_filled(k, 0f32, what)?);
+        for (d, &v) in scales.iter_mut().zip(w.scales) {
+            *d = v as f32;
+        }
+        for (d, &v) in zero_points.iter_mut().zip(w.zero_points) {
+            *d = v as f32;
         }
         // The dot path dequantizes in f32: `(q − zp) · scale` with the scale
         // rounded to f32. Where that is not within an ulp of `dequantize` (a
@@ -326,9 +333,9 @@ impl RowParams {
     }
 }
 
-#[cfg_attr(not(feature = "python"), allow(dead_code))] // the bindings' plan
 /// [`linear_forward_with`] with `w`'s [`RowParams`] worked out before
 /// (`params` must be `RowParams::new(w)`'s, for this very weight).
+#[cfg_attr(not(feature = "python"), allow(dead_code))] // the bindings' plan
 pub(crate) fn linear_forward_prepared(
     isa: Isa,
     w: &QuantizedWeight<'_>,
@@ -340,10 +347,10 @@ pub(crate) fn linear_forward_prepared(
 ) -> Result<()> {
     let _env = simd::fpenv::Pinned::new();
     validate(w, x.len(), tokens, bias, out.len())?;
-    if params.scales.len() != w.shape[0] {
+    if params.scales.len() != w.scales.len() {
         return Err(mismatch(
             "scales",
-            &format!("row parameters of {} rows", w.shape[0]),
+            &format!("the row parameters of {} scales", w.scales.len()),
             params.scales.len().to_string(),
         ));
     }
@@ -683,10 +690,18 @@ impl Job<'_> {
         let [_, in_f] = self.w.shape;
         let n = r1 - r0;
         let what = "the dot products' rows";
-        let (scales, zps) = (
-            &self.params.scales[r0..r1],
-            &self.params.zero_points[r0..r1],
-        );
+        // A per-tensor weight's one scale and zero point, repeated for the rows.
+        let (fill_s, fill_z);
+        let (scales, zps) = if self.params.scales.len() == 1 {
+            fill_s = try_filled(n, self.params.scales[0], what)?;
+            fill_z = try_filled(n, self.params.zero_points[0], what)?;
+            (&fill_s[..], &fill_z[..])
+        } else {
+            (
+                &self.params.scales[r0..r1],
+                &self.params.zero_points[r0..r1],
+            )
+        };
         let mut acc = try_filled(n, 0f32, what)?;
         let mut res = try_filled(
             n.saturating_mul(self.tokens),
@@ -913,6 +928,8 @@ mod tests {
             for (sc, zp) in params {
                 let w = weight(codes, [out_f, in_f], sc, zp);
                 let prepared = RowParams::new(&w).unwrap();
+                // One f32 pair a scale: a per-tensor weight's rows share one.
+                assert_eq!(prepared.scales.len(), sc.len());
                 for tokens in [0, 1, 3] {
                     let xs = &x[..tokens * in_f];
                     for b in [None, Some(&bias[..])] {

@@ -88,10 +88,19 @@ pub fn nibble_planes(x: &[f32]) -> Vec<f32> {
     out
 }
 
-/// [`nibble_planes`] of `x` into `out` (at least [`planes_len`] of its
-/// length; padding positions are left as they are): a block's 16 × 8
-/// elements transposed to 8 × 16, whole blocks with fixed indices.
+/// [`nibble_planes`] of `x` into `out` (padding positions are left as they
+/// are): a block's 16 × 8 elements transposed to 8 × 16, whole blocks with
+/// fixed indices.
+///
+/// # Panics
+/// If `out` is shorter than [`planes_len`] of `x`'s length.
 pub fn nibble_planes_into(x: &[f32], out: &mut [f32]) {
+    assert!(
+        out.len() >= planes_len(x.len()),
+        "nibble_planes_into: out holds {} of the {} positions",
+        out.len(),
+        planes_len(x.len())
+    );
     let whole = x.len() - x.len() % PLANE_BLOCK;
     let (xb, xt) = x.split_at(whole);
     for (xb, ob) in xb

@@ -543,3 +543,10 @@ fn nibble_planes_into_transposes_as_the_scatter_does() {
         }
     }
 }
+
+#[test]
+#[should_panic(expected = "nibble_planes_into: out holds 128 of the 256 positions")]
+fn nibble_planes_into_refuses_a_short_output() {
+    let x = floats(256, 5);
+    scalar::nibble_planes_into(&x, &mut [0f32; 128]);
+}
