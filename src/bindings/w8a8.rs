@@ -63,9 +63,9 @@ enum PlanCodes {
 /// a subclass) of shape `(in_features,)` or `(tokens, in_features)`: for any
 /// other `x`, or a weight that failed the checks, it returns `None` and the
 /// caller takes the general path (which raises the errors). Between a
-/// model's layers the caches are cold, and the Python-level checks and
-/// argument handling this replaces cost 25-30 us of misses a call (4096²
-/// int4 weight after a 64 MiB copy, Zen 4), 5 % of the product.
+/// model's layers the caches are cold, and the Python-level checks, the
+/// per-call extraction and the scan of the scales this replaces cost 35-60
+/// us a call (4096² int4 weight after a 64 MiB copy, Zen 4), 6-10 % of it.
 ///
 /// The weight's arrays must never change (a frozen `QuantizedTensor`'s
 /// cannot): the plan keeps values derived from them.
