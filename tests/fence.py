@@ -144,6 +144,15 @@ class _Plan:
         ]
         return _agree("LinearPlan", calls)
 
+    def run(self, x: np.ndarray, tokens: int) -> Any:
+        CALLS["count"] += 1
+        print(f"call LinearPlan.run({_shapes((x,))})", file=sys.stderr, flush=True)
+        calls = [
+            lambda p=p, e=e: p.run(fenced(x, e), tokens)
+            for p, e in zip(self._plans, (True, False), strict=True)
+        ]
+        return _agree("LinearPlan.run", calls)
+
 
 def _in_place(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``smooth_in_place``: the array it writes is fenced at its end, then copied
@@ -191,7 +200,6 @@ _READERS = [
     "fake_quantize_bitnet",
     "compute_smooth_factors",
     "w8a8_product",
-    "linear_forward",
     "fp32_to_fp16_bits",
     "fp16_bits_to_fp32",
     "ptq_quantize",

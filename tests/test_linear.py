@@ -411,7 +411,7 @@ def test_the_native_plan_refuses_other_code_widths():
         _ferroquant.LinearPlan(codes, 3, 2, 4, ones, zeros, None, "float32")
     x = np.ones(4, np.float32)
     with pytest.raises(ValueError, match="bits: expected 8 or 4, got 16"):
-        _ferroquant.linear_forward(codes, 16, 2, 4, ones, zeros, x, 1, None, "float32")
+        _ferroquant.LinearPlan(codes, 16, 2, 4, ones, zeros, None, "float32")
     plan = _ferroquant.LinearPlan(codes + 1, 8, 2, 4, ones, zeros, None, "float32")
     assert plan(x).tolist() == [4.0, 4.0]
     assert plan(x.astype(np.float64)) is None  # the general path's to take

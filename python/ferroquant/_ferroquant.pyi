@@ -22,7 +22,6 @@ __all__ = [
     "fp32_to_fp16_bits",
     "get_num_threads",
     "get_output_cache",
-    "linear_forward",
     "output_cache_usage",
     "parse_safetensors_header",
     "ptq_quantize",
@@ -146,18 +145,6 @@ def w8a8_product(
     activations: npt.NDArray[np.floating],
     tokens: Optional[int],
 ) -> npt.NDArray[np.float32]: ...
-def linear_forward(
-    codes: npt.NDArray[np.integer],
-    bits: int,
-    out_features: int,
-    in_features: int,
-    scales: npt.NDArray[np.float64],
-    zero_points: npt.NDArray[np.float64],
-    x: npt.NDArray[np.float32],
-    tokens: int,
-    bias: Optional[npt.NDArray[np.float32]],
-    dequant_dtype: str,
-) -> npt.NDArray[np.float32]: ...
 
 @final
 class LinearPlan:
@@ -173,6 +160,7 @@ class LinearPlan:
         dequant_dtype: str,
     ) -> LinearPlan: ...
     def __call__(self, x: object) -> Optional[npt.NDArray[np.float32]]: ...
+    def run(self, x: npt.NDArray[np.floating], tokens: int) -> npt.NDArray[np.float32]: ...
 
 def fp32_to_fp16_bits(x: npt.NDArray[np.floating]) -> npt.NDArray[np.uint16]: ...
 def fp16_bits_to_fp32(bits: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]: ...

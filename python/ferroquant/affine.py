@@ -589,21 +589,9 @@ class QuantizedLinear:
         # at a time (beyond float32's range: inf, reported as non-finite).
         lead = arr.shape[:-1]
         tokens = math.prod(lead)
-        q = self._weight_q
-        out_f, in_f = self.out_features, self.in_features
+        out_f = self.out_features
         try:
-            flat = _native.linear_forward(
-                q.data,
-                q.config.bits,
-                out_f,
-                in_f,
-                q.scales,
-                q.zero_points,
-                kernel_layout(arr).reshape(-1),
-                tokens,
-                self._bias,
-                q.dtype,
-            )
+            flat = self._plan.run(kernel_layout(arr).reshape(-1), tokens)
         except NonFiniteError as e:
             raise beyond_f32(e, arr, "x") from None
         try:

@@ -1,13 +1,15 @@
 //! W8A8 integer products (SPEC §3) and the quantized linear layer's fused
-//! forward pass (SPEC §2): extract, release the GIL around one
-//! `ops::w8a8` call, map the error, return the NumPy-allocated result.
+//! forward pass (SPEC §2, through [`LinearPlan`]): extract, release the GIL
+//! around one `ops` call, map the error, return the NumPy-allocated result.
 
 use super::arrays::{borrow_error, exact, output, with_float_slice, writable, FloatArray};
 use super::errors::to_pyerr;
 use super::gil::Detach;
 use crate::ops::linear::{self, DequantDtype, QuantizedWeight, WeightCodes};
 use crate::ops::w8a8::{w8a8_matmul_with, Batch};
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -55,14 +57,14 @@ enum PlanCodes {
     Int4(Py<PyArrayDyn<u8>>),
 }
 
-/// `QuantizedLinear`'s forward pass for its common call, the weight's side
-/// prepared once: `linear_forward`'s arguments but `x` and the token count,
-/// checked at construction, the scales, zero points and bias copied, and the
+/// `QuantizedLinear`'s forward pass, the weight's side prepared once: the
+/// codes (int8, or int4 packed two a byte, with `bits` 8 or 4), scales, zero
+/// points, bias and the dtype `dequantize` gives, checked at construction, the scales, zero points and bias copied, and the
 /// f32 row parameters worked out (`linear::RowParams`). A call takes only
 /// `x`, and only a C-contiguous, aligned native float32 `numpy.ndarray` (not
 /// a subclass) of shape `(in_features,)` or `(tokens, in_features)`: for any
 /// other `x`, or a weight that failed the checks, it returns `None` and the
-/// caller takes the general path (which raises the errors). Between a
+/// caller takes the general path, `run` (which raises the errors). Between a
 /// model's layers the caches are cold, and the Python-level checks, the
 /// per-call extraction and the scan of the scales this replaces cost 35-60
 /// us a call (4096² int4 weight after a 64 MiB copy, Zen 4), 6-10 % of it.
@@ -77,7 +79,7 @@ pub(crate) struct LinearPlan {
     zero_points: Vec<f64>,
     bias: Option<Vec<f32>>,
     dequant: DequantDtype,
-    /// `None`: the weight failed `linear_forward`'s checks.
+    /// `None`: the weight failed the forward pass's checks.
     params: Option<linear::RowParams>,
 }
 
@@ -163,30 +165,8 @@ impl LinearPlan {
         }
         let xr = arr.try_readonly().map_err(|e| borrow_error("x", e))?;
         let xs = xr.as_slice()?;
-        let (i8c, u8c);
-        let codes = match &self.codes {
-            PlanCodes::Int8(c) => {
-                i8c = c
-                    .bind(py)
-                    .try_readonly()
-                    .map_err(|e| borrow_error("data", e))?;
-                WeightCodes::Int8(i8c.as_slice()?)
-            }
-            PlanCodes::Int4(c) => {
-                u8c = c
-                    .bind(py)
-                    .try_readonly()
-                    .map_err(|e| borrow_error("data", e))?;
-                WeightCodes::Int4(u8c.as_slice()?)
-            }
-        };
-        let w = QuantizedWeight {
-            codes,
-            shape: self.shape,
-            scales: &self.scales,
-            zero_points: &self.zero_points,
-            dequant: self.dequant,
-        };
+        let held = self.borrow_codes(py)?;
+        let w = self.weight(held.codes()?);
         let out = output::<f32>(py, tokens.saturating_mul(out_f))?;
         {
             let mut ow = writable(&out)?;
@@ -202,9 +182,79 @@ impl LinearPlan {
             out.reshape([tokens, out_f])?.into_any()
         }))
     }
+
+    /// The general path: flat float32 `[tokens, out_features]` for a flat
+    /// C-contiguous `x` of any float dtype (float64, float16 and bfloat16
+    /// converted a block of tokens at a time), with every check of the
+    /// forward pass run and raised (a weight that failed them included).
+    fn run<'py>(
+        &self,
+        x: &Bound<'py, PyAny>,
+        tokens: usize,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let py = x.py();
+        let xa = FloatArray::extract("x", x)?;
+        let held = self.borrow_codes(py)?;
+        let w = self.weight(held.codes()?);
+        let out = output::<f32>(py, tokens.saturating_mul(self.shape[0]))?;
+        {
+            let mut ow = writable(&out)?;
+            let os = ow.as_slice_mut()?;
+            let bias = self.bias.as_deref();
+            with_float_slice!(xa, xs => {
+                py.detached(|| linear::linear_forward_from(&w, xs, tokens, bias, os))
+                    .map_err(|e| to_pyerr(py, e))?;
+            });
+        }
+        Ok(out)
+    }
 }
 
-/// The row parameters of a weight that passes `linear_forward`'s checks
+impl LinearPlan {
+    /// The weight's codes, lent for one call.
+    fn borrow_codes<'py>(&self, py: Python<'py>) -> PyResult<HeldCodes<'py>> {
+        Ok(match &self.codes {
+            PlanCodes::Int8(c) => HeldCodes::Int8(
+                c.bind(py)
+                    .try_readonly()
+                    .map_err(|e| borrow_error("data", e))?,
+            ),
+            PlanCodes::Int4(c) => HeldCodes::Int4(
+                c.bind(py)
+                    .try_readonly()
+                    .map_err(|e| borrow_error("data", e))?,
+            ),
+        })
+    }
+
+    /// The weight with `codes`, and the plan's own copies of its parameters.
+    fn weight<'a>(&'a self, codes: WeightCodes<'a>) -> QuantizedWeight<'a> {
+        QuantizedWeight {
+            codes,
+            shape: self.shape,
+            scales: &self.scales,
+            zero_points: &self.zero_points,
+            dequant: self.dequant,
+        }
+    }
+}
+
+/// [`PlanCodes`] lent for a call.
+enum HeldCodes<'py> {
+    Int8(PyReadonlyArrayDyn<'py, i8>),
+    Int4(PyReadonlyArrayDyn<'py, u8>),
+}
+
+impl HeldCodes<'_> {
+    fn codes(&self) -> PyResult<WeightCodes<'_>> {
+        Ok(match self {
+            HeldCodes::Int8(c) => WeightCodes::Int8(c.as_slice()?),
+            HeldCodes::Int4(c) => WeightCodes::Int4(c.as_slice()?),
+        })
+    }
+}
+
+/// The row parameters of a weight that passes the forward pass's checks
 /// (with no activation), else `None`.
 fn prepare(w: &QuantizedWeight<'_>, bias: Option<&[f32]>) -> Option<linear::RowParams> {
     linear::check_weight(w, bias).ok()?;
@@ -233,63 +283,5 @@ fn parse_dequant(name: &str) -> PyResult<DequantDtype> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LinearPlan>()?;
     m.add_function(wrap_pyfunction!(w8a8_product, m)?)?;
-    m.add_function(wrap_pyfunction!(linear_forward, m)?)?;
     Ok(())
-}
-
-/// Flat float32 `[tokens, out_features]`: `x @ dequant(W).T + bias` for an
-/// int8 (`bits == 8`) or packed int4 weight with `scales` / `zero_points`
-/// (`out_features` of each, or one), never materializing the float weight;
-/// `dequant_dtype` is the dtype `dequantize` gives (the source tensor's).
-#[pyfunction]
-#[pyo3(signature = (codes, bits, out_features, in_features, scales, zero_points, x, tokens, bias, dequant_dtype))]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn linear_forward<'py>(
-    py: Python<'py>,
-    codes: &Bound<'py, PyAny>,
-    bits: u32,
-    out_features: usize,
-    in_features: usize,
-    scales: &Bound<'py, PyAny>,
-    zero_points: &Bound<'py, PyAny>,
-    x: &Bound<'py, PyAny>,
-    tokens: usize,
-    bias: Option<&Bound<'py, PyAny>>,
-    dequant_dtype: &str,
-) -> PyResult<Bound<'py, PyArray1<f32>>> {
-    let dequant = parse_dequant(dequant_dtype)?;
-    let bits = code_bits(bits)?;
-    let s = exact::<f64>("scales", "float64", scales)?;
-    let z = exact::<f64>("zero_points", "float64", zero_points)?;
-    // Any of the four float dtypes, converted a block of tokens at a time.
-    let xa = FloatArray::extract("x", x)?;
-    let b = bias
-        .map(|b| exact::<f32>("bias", "float32", b))
-        .transpose()?;
-    let (i8c, u8c);
-    let weight_codes = if bits == 4 {
-        u8c = exact::<u8>("data", "uint8", codes)?;
-        WeightCodes::Int4(u8c.as_slice()?)
-    } else {
-        i8c = exact::<i8>("data", "int8", codes)?;
-        WeightCodes::Int8(i8c.as_slice()?)
-    };
-    let w = QuantizedWeight {
-        codes: weight_codes,
-        shape: [out_features, in_features],
-        scales: s.as_slice()?,
-        zero_points: z.as_slice()?,
-        dequant,
-    };
-    let bs = b.as_ref().map(|b| b.as_slice()).transpose()?;
-    let out = output::<f32>(py, tokens.saturating_mul(out_features))?;
-    {
-        let mut ow = writable(&out)?;
-        let os = ow.as_slice_mut()?;
-        with_float_slice!(xa, xs => {
-            py.detached(|| linear::linear_forward_from(&w, xs, tokens, bs, os))
-                .map_err(|e| to_pyerr(py, e))?;
-        });
-    }
-    Ok(out)
 }
