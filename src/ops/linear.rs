@@ -431,41 +431,53 @@ fn forward_checked(
         return Ok(());
     }
     let work = (out_f * in_f).saturating_mul(tokens); // checked by `validate`
-    parallel::run(work, |par| {
-        // Sized inside the run: on the pool, `units_per_task` counts the
-        // pool's threads (outside it, rayon's global pool: every CPU).
-        let rows = if panels {
+    if panels {
+        parallel::run(work, |par| {
             // Whole panels, two tasks a thread: each reuses one panel buffer.
+            // Sized inside the run, on the pool.
             let threads = parallel::get_num_threads().max(1);
             let per = panel_shape(in_f, out_f, tokens).0;
-            out_f.div_ceil(2 * threads).div_ceil(per).max(1) * per
-        } else {
-            // Rows a task: a few hundred KiB of weight, 4 tasks a thread.
-            parallel::units_per_task(out_f, in_f).max(1)
-        };
+            let rows = out_f.div_ceil(2 * threads).div_ceil(per).max(1) * per;
+            let tasks = out_f.div_ceil(rows);
+            if par && tasks > 1 {
+                // Each finished panel goes straight into `out`, so no more
+                // than a panel a thread is ever held besides the output
+                // (collecting every part first doubled the peak memory of a
+                // large batch). The only error is running out of working
+                // memory: any task's will do.
+                let out = std::sync::Mutex::new(&mut *out);
+                (0..tasks).into_par_iter().try_for_each(|p| {
+                    job.rows(p * rows, ((p + 1) * rows).min(out_f), &mut |first, part| {
+                        let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                        job.scatter(&mut out, part, first);
+                    })
+                })
+            } else {
+                (0..tasks).try_for_each(|p| {
+                    let r1 = ((p + 1) * rows).min(out_f);
+                    job.rows(p * rows, r1, &mut |first, part| {
+                        job.scatter(out, part, first)
+                    })
+                })
+            }
+        })?;
+    } else {
+        // Dot products: tasks of a few hundred KiB of weight, sixteen a
+        // thread, claimed one at a time by the caller and the workers as they
+        // wake (see `parallel::run_tasks`). Each task's rows go straight into
+        // `out`. The only error is running out of working memory.
+        let threads = parallel::get_num_threads().max(1);
+        let min_rows = parallel::MIN_TASK_ELEMENTS.div_ceil(in_f);
+        let rows = out_f.div_ceil(16 * threads).max(min_rows).max(1);
         let tasks = out_f.div_ceil(rows);
-        if par && tasks > 1 {
-            // Each finished part (a panel, or a task's rows) goes straight
-            // into `out`, so no more than a part a thread is ever held
-            // besides the output (collecting every part first doubled the
-            // peak memory of a large batch). The only error is running out
-            // of working memory: any task's will do.
-            let out = std::sync::Mutex::new(&mut *out);
-            (0..tasks).into_par_iter().try_for_each(|p| {
-                job.rows(p * rows, ((p + 1) * rows).min(out_f), &mut |first, part| {
-                    let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
-                    job.scatter(&mut out, part, first);
-                })
+        let out = std::sync::Mutex::new(&mut *out);
+        parallel::run_tasks(work, tasks, |p| {
+            job.rows(p * rows, ((p + 1) * rows).min(out_f), &mut |first, part| {
+                let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                job.scatter(&mut out, part, first);
             })
-        } else {
-            (0..tasks).try_for_each(|p| {
-                let r1 = ((p + 1) * rows).min(out_f);
-                job.rows(p * rows, r1, &mut |first, part| {
-                    job.scatter(out, part, first)
-                })
-            })
-        }
-    })?;
+        })?;
+    }
     // A float32 sum in a fixed order can pass float32's range where the exact
     // sum does not (terms near 2^128 of both signs): redo those outputs in
     // f64, each such row's weights dequantized once for all its tokens (a
