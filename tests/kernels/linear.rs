@@ -116,10 +116,10 @@ fn int4_dots_match_scalar_for_every_nibble_and_zero_point() {
     }
     let xs = scalar::nibble_planes(&x);
     for isa in Isa::supported() {
-        // Pairs of rows (the kernels' step) mixing both kinds of zero point,
-        // and each row alone.
+        // Threes and pairs of rows (the AVX-512 kernel's steps) mixing both
+        // kinds of zero point, and each row alone.
         for start in 0..rows {
-            for len in [1, 2] {
+            for len in [1, 2, 3] {
                 let end = (start + len).min(rows);
                 let (pr, z) = (&p[start * bstride..], &zps[start..end]);
                 assert_eq!(
