@@ -344,7 +344,8 @@ pub fn run<R: Send>(work: usize, f: impl FnOnce(bool) -> R + Send) -> R {
 /// Run `f(0)`, …, `f(tasks - 1)` (in any order, each once) on the calling
 /// thread *and* every worker of ferroquant's pool when `work` is large
 /// enough (see [`run`]), otherwise on the calling thread in order; returns
-/// an error of a failed task (no task is started after one fails).
+/// an error of a failed task (no task is started after one fails or
+/// panics; a panic reaches the caller).
 ///
 /// Why the caller works too: [`run`] hands the whole call to the pool and
 /// sleeps, so a call pays for waking a worker (33-120 µs, median 65-80, on
@@ -354,8 +355,9 @@ pub fn run<R: Send>(work: usize, f: impl FnOnce(bool) -> R + Send) -> R {
 /// workers join as they wake, claiming tasks one at a time, so a late worker
 /// only takes fewer tasks: 0.36 ms (caller and both workers; with one worker
 /// it landed on the caller's CPU and took 0.55). The caller then waits for
-/// the tasks the workers hold (at most one each), yielding its CPU so a
-/// worker that shares it can finish.
+/// the tasks the workers hold (at most one each): outside any rayon pool by
+/// yielding its CPU for up to a millisecond (a worker may share it), then
+/// in the scope.
 pub fn run_tasks<E: Send>(
     work: usize,
     tasks: usize,
@@ -371,11 +373,19 @@ pub fn run_tasks<E: Send>(
         return (0..tasks).try_for_each(f);
     };
     /// Counts a task as finished when dropped, so a task that panics
-    /// (the scope re-raises it) cannot leave the caller waiting.
-    struct Finished<'a>(&'a AtomicUsize);
+    /// (the scope re-raises it) cannot leave the caller waiting; a panic,
+    /// like an error, stops the claiming.
+    struct Finished<'a> {
+        finished: &'a AtomicUsize,
+        next: &'a AtomicUsize,
+        tasks: usize,
+    }
     impl Drop for Finished<'_> {
         fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::Release);
+            if std::thread::panicking() {
+                self.next.fetch_max(self.tasks, Ordering::Relaxed);
+            }
+            self.finished.fetch_add(1, Ordering::Release);
         }
     }
     let next = AtomicUsize::new(0);
@@ -387,7 +397,11 @@ pub fn run_tasks<E: Send>(
             return;
         }
         started.fetch_add(1, Ordering::Relaxed);
-        let _done = Finished(&finished);
+        let _done = Finished {
+            finished: &finished,
+            next: &next,
+            tasks,
+        };
         if let Err(e) = f(t) {
             let mut slot = failure.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert(e);
@@ -395,16 +409,27 @@ pub fn run_tasks<E: Send>(
             next.fetch_max(tasks, Ordering::Relaxed);
         }
     };
+    // A job per worker, but never more than the tasks the caller leaves:
+    // each job must run before the call returns.
+    let helpers = pool.current_num_threads().min(tasks - 1);
     pool.in_place_scope(|scope| {
-        for _ in 0..pool.current_num_threads() {
+        for _ in 0..helpers {
             scope.spawn(|_| claim());
         }
         claim();
-        // No task is left to claim: wait for those still running elsewhere.
-        // (A task claimed but not yet counted is waited for by the scope.)
-        let running = started.load(Ordering::Relaxed);
-        while finished.load(Ordering::Acquire) < running {
-            std::thread::yield_now();
+        // No task is left to claim: wait for those still running elsewhere
+        // (a task claimed but not yet counted is waited for by the scope).
+        // Only a thread outside every rayon pool spins, and briefly: a
+        // worker of some pool must wait in the scope, where it runs its
+        // pool's queued jobs (a task here may be waiting on one of them).
+        if rayon::current_thread_index().is_none() {
+            let running = started.load(Ordering::Relaxed);
+            let since = std::time::Instant::now();
+            while finished.load(Ordering::Acquire) < running
+                && since.elapsed() < std::time::Duration::from_millis(1)
+            {
+                std::thread::yield_now();
+            }
         }
     });
     match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -617,6 +642,58 @@ mod tests {
             })
         });
         assert!(caught.is_err());
+    }
+
+    #[test]
+    fn run_tasks_stops_claiming_after_a_panic() {
+        // Each task sleeps 200 µs: the 20,000 would take 2 s on two
+        // threads. After the panic only tasks that start while its hook runs
+        // (it prints the message, and a backtrace if asked) still run.
+        let ran = AtomicUsize::new(0);
+        let caught = std::panic::catch_unwind(|| {
+            run_tasks(
+                MIN_PARALLEL_WORK,
+                20_000,
+                |t| -> std::result::Result<(), ()> {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    assert!(t != 0, "task 0 panics");
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                    Ok(())
+                },
+            )
+        });
+        assert!(caught.is_err());
+        assert!(ran.load(Ordering::Relaxed) < 10_000, "{ran:?} tasks ran");
+    }
+
+    #[test]
+    fn run_tasks_on_a_worker_of_another_pool_lets_that_pool_run() {
+        // The caller is the only worker of `app`, and tasks on ferroquant's
+        // workers need `app`: the caller must run `app`'s jobs while it
+        // waits for them, not spin (it did: a deadlock, found in review).
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let app = ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            for _ in 0..20 {
+                let r: std::result::Result<(), ()> = app.install(|| {
+                    run_tasks(MIN_PARALLEL_WORK, 8, |_| {
+                        let name = std::thread::current().name().map(str::to_owned);
+                        if name.is_some_and(|n| n.starts_with("ferroquant-")) {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                            assert_eq!(app.install(|| (0..1000u64).sum::<u64>()), 499_500);
+                        } else {
+                            // The caller leaves tasks for the workers.
+                            std::thread::sleep(std::time::Duration::from_micros(300));
+                        }
+                        Ok(())
+                    })
+                });
+                r.unwrap();
+            }
+            let _ = tx.send(());
+        });
+        let waited = rx.recv_timeout(std::time::Duration::from_secs(60));
+        assert!(waited.is_ok(), "run_tasks did not return within 60 s");
     }
 
     #[test]
