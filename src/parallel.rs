@@ -621,9 +621,7 @@ mod tests {
 
     #[test]
     fn run_tasks_reports_a_failure_and_survives_a_panic() {
-        let ran = AtomicUsize::new(0);
         let r = run_tasks(MIN_PARALLEL_WORK, 400, |t| {
-            ran.fetch_add(1, Ordering::Relaxed);
             if t % 100 == 37 {
                 Err(t)
             } else {
@@ -632,7 +630,6 @@ mod tests {
         });
         let failed = r.expect_err("tasks 37, 137, ... fail");
         assert_eq!(failed % 100, 37);
-        assert!(ran.load(Ordering::Relaxed) <= 400);
         // A panicking task reaches the caller, and the call returns (the
         // caller does not wait forever on the task that never finished).
         let caught = std::panic::catch_unwind(|| {
